@@ -1,0 +1,166 @@
+"""Attention for BFT layers: softmax (kriging) attention and the gated baseline.
+
+``KrigingAttention`` mirrors ``torch.nn.MultiheadAttention``'s parameter names
+(``in_proj_weight``, ``in_proj_bias``, ``out_proj``) so that weights copy
+across by ``load_state_dict``. The attention kernel is chosen by one switch
+(``impl``): ``"reference"`` materialises the (T x T) weights and returns the
+statistics the filter needs; ``"sdpa"`` calls PyTorch's fused kernel and is
+used where no statistics are needed (``precision="off"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bft_lightning.nn.functional import masked_softmax
+
+
+@dataclass
+class KrigingStats:
+    """What the filter needs from one attention call (all float32, before dropout).
+
+    second_moment: (B, H, T) ``sum_j p ||v_j||^2 / d_h``
+    estimate: (B, H, T, d_h) ``e = sum_j p v_j``
+    sum_p_sq: (B, H, T) ``sum_j p^2`` (0 for a row with no valid key)
+    values: (B, H, T, d_h) the values, for the sill's running statistic
+    """
+
+    second_moment: Tensor
+    estimate: Tensor
+    sum_p_sq: Tensor
+    values: Tensor
+
+
+def build_allowed(valid: Tensor, is_causal: bool, attn_mask: Tensor | None = None) -> Tensor:
+    """Boolean (B, 1, T, T) mask of the keys a query may read.
+
+    valid: (B, T) keys with positive precision; attn_mask: (T, T) bool (True =
+    blocked, as in ``torch.nn``) or float additive (-inf = blocked).
+    """
+    t = valid.shape[1]
+    allowed = valid[:, None, None, :]
+    if is_causal:
+        causal = torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
+        allowed = allowed & causal
+    if attn_mask is not None:
+        blocked = attn_mask if attn_mask.dtype == torch.bool else torch.isneginf(attn_mask)
+        allowed = allowed & ~blocked
+    return allowed.expand(valid.shape[0], 1, t, t)
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor,
+    bias: Tensor | None,
+    dropout_p: float,
+    with_stats: bool,
+) -> tuple[Tensor, Tensor, KrigingStats | None]:
+    """Materialised kriging attention.
+
+    ``p = softmax_j(q.k / sqrt(d_h) + bias_j)`` over allowed keys; rows with no
+    allowed key give ``p = 0``. With statistics, the scores are computed in
+    float32 (the spread is a difference of two large numbers).
+
+    q, k, v: (B, H, T, d_h); allowed: (B, 1, T, T); bias: (B, H, T) per key.
+    Returns the estimate with dropout (B, H, T, d_h), the weights before
+    dropout (B, H, T, T) and the statistics (or None).
+    """
+    if with_stats:
+        q, k, v = q.float(), k.float(), v.float()
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    if bias is not None:
+        scores = scores + bias.unsqueeze(-2).to(scores.dtype)
+    p = masked_softmax(scores, allowed)
+    p_drop = F.dropout(p, dropout_p) if dropout_p > 0 else p
+    out = p_drop @ v
+    if not with_stats:
+        return out, p, None
+    estimate = out if p_drop is p else p @ v
+    stats = KrigingStats(
+        second_moment=p @ v.square().mean(dim=-1, keepdim=True),
+        estimate=estimate,
+        sum_p_sq=p.square().sum(dim=-1),
+        values=v,
+    )
+    stats.second_moment = stats.second_moment.squeeze(-1)
+    return out, p, stats
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout_p: float) -> Tensor:
+    """Fused softmax attention; rows with no allowed key give 0 (no NaN)."""
+    has_key = allowed.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
+    safe = allowed | ~has_key
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, dropout_p=dropout_p)
+    return out * has_key.to(out.dtype)
+
+
+class KrigingAttention(nn.Module):
+    """Multi-head softmax attention whose keys carry a precision bias.
+
+    With ``gate="sigmoid"`` the heads' outputs are multiplied elementwise by
+    ``sigmoid(x W_g)`` before ``W_O`` (gated attention, Qiu et al. 2025).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dropout: float = 0.0,
+        gate: str | None = None,
+        impl: str = "reference",
+    ) -> None:
+        super().__init__()
+        if d_model % nhead:
+            raise ValueError(f"d_model={d_model} must be divisible by nhead={nhead}")
+        if gate not in (None, "sigmoid"):
+            raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
+        if impl not in ("reference", "sdpa"):
+            raise ValueError(f"attention impl must be 'reference' or 'sdpa', got {impl!r}")
+        self.d_model, self.nhead, self.dropout, self.impl = d_model, nhead, dropout, impl
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.gate = nn.Linear(d_model, d_model) if gate == "sigmoid" else None
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    @property
+    def value_weight(self) -> Tensor:
+        """W_V: (d, d)."""
+        return self.in_proj_weight[2 * self.d_model :]
+
+    def forward(
+        self,
+        x: Tensor,
+        allowed: Tensor,
+        bias: Tensor | None = None,
+        with_stats: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, KrigingStats | None, Tensor | None]:
+        """x: (B, T, d) normed input; allowed: (B, 1, T, T); bias: (B, H, T).
+
+        Returns ``z = W_O e`` (B, T, d), the weights (B, H, T, T) or None, the
+        statistics or None, and the gate values (B, T, d) or None.
+        """
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        q, k, v = (y.view(b, t, self.nhead, -1).transpose(1, 2) for y in (q, k, v))  # (B,H,T,dh)
+        drop = self.dropout if self.training else 0.0
+        weights = stats = None
+        if self.impl == "sdpa" and not with_stats and not need_weights and bias is None:
+            out = sdpa_attention(q, k, v, allowed, drop)
+        else:
+            out, weights, stats = reference_attention(q, k, v, allowed, bias, drop, with_stats)
+        out = out.to(v.dtype).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
+        gate = None
+        if self.gate is not None:
+            gate = torch.sigmoid(self.gate(x))
+            out = out * gate
+        return self.out_proj(out), weights if need_weights else None, stats, gate

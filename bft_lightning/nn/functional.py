@@ -1,0 +1,251 @@
+"""The filter math of the Bayesian Filtering Transformer as pure functions.
+
+Symbols follow ``BFT_SPEC.md``. Shapes: ``B`` batch, ``T`` positions, ``H``
+heads, ``G`` residual groups (``d / G`` channels each), ``F`` FFN width.
+
+Precision is carried as ``log lambda`` in float32. Padding is precision 0
+(``log lambda = -inf``) at the module boundary; inside these functions every
+tensor stays finite and a boolean ``valid`` mask carries "precision 0", so
+that ``torch.where`` never routes a NaN gradient from an unselected branch.
+
+All variances live in *per-channel* units: a group variance is the mean
+variance of the group's channels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LOG_PREC_MIN = -20.0
+LOG_PREC_MAX = 20.0
+VAR_FLOOR = 1e-6  # relative to the sill s0^2
+
+
+def upcast(x: Tensor) -> Tensor:
+    """Half-precision tensors to float32; float32 and float64 stay as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def clamp_log_prec(log_prec: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Clamp ``log lambda`` to [-20, 20]; positions outside ``valid`` become 0.
+
+    The result is finite everywhere (padding is tracked by ``valid``).
+    """
+    log_prec = upcast(log_prec)
+    if valid is not None:
+        log_prec = torch.where(valid.unsqueeze(-1), log_prec, torch.zeros_like(log_prec))
+    log_prec = torch.nan_to_num(log_prec, nan=0.0, posinf=LOG_PREC_MAX, neginf=LOG_PREC_MIN)
+    return log_prec.clamp(LOG_PREC_MIN, LOG_PREC_MAX)
+
+
+def with_padding(log_prec: Tensor, valid: Tensor) -> Tensor:
+    """Restore ``-inf`` (precision 0) at positions outside ``valid``."""
+    return log_prec.masked_fill(~valid.unsqueeze(-1), float("-inf"))
+
+
+def delta_rule_matrix(
+    weight: Tensor, out_groups: int, in_groups: int, in_scale: Tensor | None = None
+) -> Tensor:
+    """Pooled delta-rule matrix of a linear map ``y = W x``.
+
+    ``P[g_out, g_in] = mean_{i in g_out} sum_{k in g_in} (W[i, k] * in_scale[k])^2``
+    so that ``s2_out = P @ s2_in`` for independent per-group input variances.
+    ``in_scale`` is the diagonal scale of a norm in front of ``W`` (gamma).
+
+    weight: (out, in); returns (out_groups, in_groups), float32.
+    """
+    w = upcast(weight)
+    if in_scale is not None:
+        w = w * upcast(in_scale)
+    out_dim, in_dim = w.shape
+    w2 = w.square().reshape(out_groups, out_dim // out_groups, in_groups, in_dim // in_groups)
+    return w2.sum(dim=3).mean(dim=1)
+
+
+def delta_rule(s2_in: Tensor, p: Tensor) -> Tensor:
+    """Propagate per-group variances: ``s2_out[..., g_out] = sum_g_in P[g_out, g_in] s2_in``.
+
+    s2_in: (..., G_in); p: (G_out, G_in); returns (..., G_out).
+    """
+    return s2_in @ p.t()
+
+
+def neighbour_log_precision(log_prec: Tensor, norm_sigma: Tensor, p_v: Tensor) -> Tensor:
+    """Prior precision of each key's value per head, ``log lambda_bar[j, a]``.
+
+    ``s2_v[j, a] = sum_g P_V[a, g] / (lambda[j, g] * sigma1_j^2)`` (delta rule
+    through Norm1, whose denominator ``sigma1`` divides the variance, and W_V
+    with gamma1 folded into ``P_V``); ``lambda_bar = 1 / s2_v``.
+
+    log_prec: (B, T, G) finite; norm_sigma: (B, T); p_v: (H, G).
+    Returns (B, H, T).
+    """
+    s2_h = torch.exp(-log_prec) / upcast(norm_sigma).square().unsqueeze(-1)  # (B, T, G)
+    s2_v = delta_rule(s2_h, p_v).clamp_min(torch.finfo(torch.float32).tiny)  # (B, T, H)
+    return (-torch.log(s2_v)).transpose(1, 2)
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax over the last dim in which rows with no allowed entry give all zeros.
+
+    scores: (..., T_k) float; allowed: broadcastable bool. No NaN anywhere.
+    """
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    w = torch.exp(scores - row_max.detach())
+    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+
+
+def kish_n_eff(sum_p_sq: Tensor) -> Tensor:
+    """Kish effective sample size ``n_eff = 1 / sum_j p_j^2``; 0 for empty rows."""
+    has = sum_p_sq > 0
+    return torch.where(has, 1.0 / sum_p_sq.clamp_min(1e-30), torch.zeros_like(sum_p_sq))
+
+
+def n_eff_from_lse(lse_2s: Tensor, lse_s: Tensor) -> Tensor:
+    """``sum_j p^2 = exp(LSE(2 s) - 2 LSE(s))`` so ``n_eff = exp(2 LSE(s) - LSE(2 s))``.
+
+    For a fused path that only exposes log-sum-exps of the logits.
+    """
+    return torch.exp(2.0 * lse_s - lse_2s)
+
+
+def expanded_square_spread(second_moment: Tensor, estimate: Tensor) -> Tensor:
+    """Spread of the neighbours around the estimate, per channel, by the expanded square.
+
+    ``S = sum_j p ||v_j||^2 / d_h - ||e||^2 / d_h`` clamped at 0, where
+    ``second_moment = sum_j p ||v_j||^2 / d_h``; equals
+    ``sum_j p ||v_j - e||^2 / d_h`` when ``sum_j p = 1``.
+
+    second_moment: (B, H, T); estimate: (B, H, T, d_h). Returns (B, H, T) float32.
+    """
+    e = upcast(estimate)
+    return (upcast(second_moment) - e.square().mean(dim=-1)).clamp_min(0.0)
+
+
+def reml_variance(spread: Tensor, n_eff: Tensor, sill: Tensor, nu0: float = 1.0) -> Tensor:
+    """REML residual variance shrunk by a scaled-inverse-chi^2(nu0, s0^2) prior.
+
+    ``sigma2 = (nu0 s0^2 + n_eff S) / (nu0 + n_eff - 1)``: one degree of freedom
+    is spent on the mean, so the weighted residual variance is
+    ``n_eff S / (n_eff - 1)`` and the prior adds ``nu0`` pseudo-observations.
+
+    spread, n_eff: (B, H, T); sill: (H,). Returns (B, H, T).
+    """
+    s0 = upcast(sill).view(1, -1, 1)
+    num = nu0 * s0 + n_eff * spread
+    den = (nu0 + n_eff - 1.0).clamp_min(nu0 if nu0 > 0 else 1e-6)
+    return (num / den).clamp_min(VAR_FLOOR * s0)
+
+
+def observation_log_precision(
+    sigma2: Tensor, n_eff: Tensor, has_key: Tensor, p_o: Tensor
+) -> Tensor:
+    """``log lambda_obs`` per residual group.
+
+    Per head ``lambda_obs[t, a] = n_eff / sigma2`` (precision of a weighted mean
+    of ``n_eff`` effective samples); to residual groups through W_O by the delta
+    rule ``s2_z[t, g] = sum_a P_O[g, a] / lambda_obs[t, a]``.
+    Rows without a valid key are finite here and must be masked by ``has_key``.
+
+    sigma2, n_eff: (B, H, T); has_key: (B, T); p_o: (G, H). Returns (B, T, G).
+    """
+    s2_head = sigma2 / n_eff.clamp_min(1.0)  # (B, H, T)
+    s2_head = torch.where(has_key.unsqueeze(1), s2_head, torch.ones_like(s2_head))
+    s2_z = delta_rule(s2_head.transpose(1, 2), p_o)  # (B, T, G)
+    return -torch.log(s2_z.clamp_min(torch.finfo(torch.float32).tiny))
+
+
+def kalman_gain(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:
+    """``K = lambda_obs / (lambda + lambda_obs) = sigmoid(log lambda_obs - log lambda)``.
+
+    In [0, 1); exactly 0 where a query has no valid key (``has_obs`` False).
+    Shapes (B, T, G); has_obs (B, T).
+    """
+    k = torch.sigmoid(log_prec_obs - log_prec)
+    return k * has_obs.unsqueeze(-1).to(k.dtype)
+
+
+def update_log_precision(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:
+    """Information adds: ``lambda' = lambda + lambda_obs`` (log-add-exp)."""
+    updated = torch.logaddexp(log_prec, log_prec_obs)
+    return torch.where(has_obs.unsqueeze(-1), updated, log_prec).clamp(LOG_PREC_MIN, LOG_PREC_MAX)
+
+
+def process_noise(rho: Tensor) -> Tensor:
+    """``Q = softplus(rho) >= 0`` per group."""
+    return F.softplus(upcast(rho))
+
+
+def inverse_process_noise(q: float) -> float:
+    """``rho`` such that ``softplus(rho) = q``."""
+    return math.log(math.expm1(q))
+
+
+def predict_log_precision(log_prec: Tensor, jbar: Tensor, q: Tensor) -> Tensor:
+    """Predict step: ``lambda'' = ((1 + Jbar)^2 / lambda' + Q)^{-1}``, so ``lambda'' <= 1/Q``.
+
+    log_prec, jbar: (B, T, G); q: (G,). Returns (B, T, G), clamped to [-20, 20].
+    """
+    s2 = (1.0 + upcast(jbar)).square() * torch.exp(-log_prec) + q
+    return (-torch.log(s2.clamp_min(torch.finfo(torch.float32).tiny))).clamp(
+        LOG_PREC_MIN, LOG_PREC_MAX
+    )
+
+
+def ffn_jacobian_matrix(w1: Tensor, w2: Tensor, norm_scale: Tensor | None, groups: int) -> Tensor:
+    """Pooled FFN Jacobian matrix ``M[k, g] = mean_{i in g} W2[i, k] W1[k, i] gamma2_i``.
+
+    For ``FFN(u) = W2 phi(W1 u)`` with ``u = Norm2(h')``, the diagonal of the
+    Jacobian is ``J_i = (gamma2_i / sigma2) sum_k W2[i, k] phi'(a_k) W1[k, i]``,
+    whose group mean is ``Jbar[t, g] = (phi'(a_t) @ M)[g] / sigma2_t``.
+
+    w1: (F, d); w2: (d, F); norm_scale: (d,) or None. Returns (F, G) float32.
+    """
+    prod = upcast(w2) * upcast(w1).t()  # (d, F): W2[i, k] W1[k, i]
+    if norm_scale is not None:
+        prod = prod * upcast(norm_scale).unsqueeze(1)
+    d, f = prod.shape
+    return prod.reshape(groups, d // groups, f).mean(dim=1).t()
+
+
+def pooled_jacobian(dphi: Tensor, m: Tensor, norm_sigma: Tensor) -> Tensor:
+    """``Jbar[t, g] = (phi'(a_t) @ M)[g] / sigma2_t``.
+
+    dphi: (B, T, F); m: (F, G); norm_sigma: (B, T). Returns (B, T, G) float32.
+    """
+    return (upcast(dphi) @ m) / upcast(norm_sigma).unsqueeze(-1)
+
+
+def activation_derivative(a: Tensor, activation: str) -> Tensor:
+    """``phi'(a)`` for ``relu`` and exact ``gelu`` (``Phi(a) + a phi(a)``)."""
+    if activation == "relu":
+        return (a > 0).to(a.dtype)
+    if activation == "gelu":
+        a = upcast(a)
+        cdf = 0.5 * (1.0 + torch.erf(a / math.sqrt(2.0)))
+        pdf = torch.exp(-0.5 * a.square()) / math.sqrt(2.0 * math.pi)
+        return cdf + a * pdf
+    raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+
+
+def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:
+    """The norm's own denominator per token: std for LayerNorm, rms for RMSNorm.
+
+    x: (B, T, d). Returns (B, T) float32.
+    """
+    x = upcast(x)
+    if rms:
+        return torch.sqrt(x.square().mean(dim=-1) + eps)
+    return torch.sqrt(x.var(dim=-1, unbiased=False) + eps)
+
+
+def expand_groups(per_group: Tensor, d_model: int) -> Tensor:
+    """Broadcast (B, T, G) to (B, T, d) (each group covers ``d / G`` channels)."""
+    g = per_group.shape[-1]
+    return per_group.repeat_interleave(d_model // g, dim=-1)

@@ -1,0 +1,366 @@
+"""BFT encoder layer and stack (pre-norm, softmax attention, GELU/ReLU FFN).
+
+One layer is one step of a Bayesian filter (``BFT_SPEC.md`` sections 1-3):
+
+1. observe:  ``x = Norm1(h)``; kriging attention with the keys' precision as
+   a logit bias gives ``z = W_O e`` and its precision ``lambda_obs``;
+2. update:   ``h' = h + K z`` with ``K = lambda_obs / (lambda + lambda_obs)``,
+   ``lambda' = lambda + lambda_obs``;
+3. predict:  ``h'' = h' + FFN(Norm2(h'))``,
+   ``lambda'' = ((1 + Jbar)^2 / lambda' + Q)^{-1}``.
+
+``precision="off"`` is exactly ``torch.nn.TransformerEncoderLayer(norm_first=True,
+batch_first=True)``: same parameter names, so weights copy by ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bft_lightning.nn import functional as BF
+from bft_lightning.nn.attention import KrigingAttention, KrigingStats, build_allowed
+from bft_lightning.nn.stats import FilterStats
+
+PRECISION_MODES = ("off", "on")
+
+
+def _activation_name(activation: str | Callable[[Tensor], Tensor] | nn.Module) -> str:
+    if isinstance(activation, str):
+        name = activation
+    elif activation in (F.relu, torch.relu) or isinstance(activation, nn.ReLU):
+        name = "relu"
+    elif activation is F.gelu or (
+        isinstance(activation, nn.GELU) and activation.approximate == "none"
+    ):
+        name = "gelu"
+    else:
+        raise ValueError(f"activation must be 'relu' or 'gelu' (exact), got {activation!r}")
+    if name not in ("relu", "gelu"):
+        raise ValueError(f"activation must be 'relu' or 'gelu', got {name!r}")
+    return name
+
+
+def _check_groups(d_model: int, nhead: int, groups: int | None) -> int:
+    g = nhead if groups is None else groups
+    if g <= 0 or d_model % g:
+        raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
+    return g
+
+
+def default_log_precision(h: Tensor, groups: int) -> Tensor:
+    """Precision uniform in Norm1 units: ``lambda_t = 1 / Var(h_t)`` (B, T, G).
+
+    Used when a caller passes no precision. Per token, so it is causal and
+    padding-invariant; by the delta rule it gives plain softmax attention.
+    """
+    var = h.float().var(dim=-1, unbiased=False).clamp_min(1e-12)
+    return (-torch.log(var)).unsqueeze(-1).expand(*h.shape[:2], groups)
+
+
+class BFTEncoderLayer(nn.Module):
+    """A pre-norm transformer encoder layer run as a Bayesian filter.
+
+    Args:
+        d_model: model width ``d``.
+        nhead: attention heads ``H``.
+        dim_feedforward: FFN width ``F``.
+        dropout: dropout on attention weights, attention output and FFN.
+        activation: ``"gelu"`` or ``"relu"`` (or ``F.gelu`` / ``F.relu``).
+        layer_norm_eps: LayerNorm epsilon.
+        batch_first: must be True (inputs are (B, T, d)).
+        norm_first: must be True (pre-norm; the filter reading needs it).
+        precision: ``"on"`` (BFT) or ``"off"`` (the plain layer).
+        groups: precision groups ``G`` (a divisor of ``d``); None means ``H``.
+        q_init: initial process noise ``Q0``; ``Q = softplus(rho)``.
+        nu0: prior degrees of freedom of the REML sill prior.
+        sill_momentum: momentum of the running sill ``s0^2``.
+        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
+        attention_impl: ``"reference"`` or ``"sdpa"`` (fused, off mode only).
+        predict_noise: False skips ``Q`` (e.g. a last layer whose precision
+            feeds nothing); True adds it.
+    """
+
+    sill: Tensor
+    rho: nn.Parameter
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = True,
+        norm_first: bool = True,
+        precision: str = "on",
+        groups: int | None = None,
+        q_init: float = 0.01,
+        nu0: float = 1.0,
+        sill_momentum: float = 0.01,
+        attention_gate: str | None = None,
+        attention_impl: str = "reference",
+        predict_noise: bool = True,
+    ) -> None:
+        super().__init__()
+        if not batch_first:
+            raise ValueError("BFTEncoderLayer supports batch_first=True only (inputs (B, T, d))")
+        if not norm_first:
+            raise ValueError("BFTEncoderLayer supports norm_first=True only (pre-norm)")
+        if precision not in PRECISION_MODES:
+            raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
+        self.d_model, self.nhead, self.precision = d_model, nhead, precision
+        self.groups = _check_groups(d_model, nhead, groups)
+        self.activation = _activation_name(activation)
+        self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
+        self.self_attn = KrigingAttention(d_model, nhead, dropout, attention_gate, attention_impl)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        if precision == "on":
+            rho0 = BF.inverse_process_noise(q_init)
+            self.rho = nn.Parameter(torch.full((self.groups,), rho0))
+            self.register_buffer("sill", torch.ones(nhead))
+        self.record = False
+        self.record_attention = False
+        self.last_stats: FilterStats | None = None
+
+    def extra_repr(self) -> str:
+        return f"precision={self.precision}, groups={self.groups}, activation={self.activation}"
+
+    def _ffn(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        a = self.linear1(u)  # (B, T, F)
+        act = F.gelu(a) if self.activation == "gelu" else F.relu(a)
+        return self.linear2(self.dropout(act)), a
+
+    def forward(
+        self,
+        h: Tensor,
+        log_prec: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """h: (B, T, d); log_prec: (B, T, G) with -inf at padding, or None.
+
+        key_padding_mask: (B, T) bool, True = padding (as in ``torch.nn``).
+        Returns ``(h'', log lambda'')``; in off mode the precision is passed through.
+        """
+        valid = self._valid(h, log_prec, key_padding_mask)
+        if self.precision == "off":
+            return self._forward_off(h, valid, is_causal, attn_mask), log_prec
+        return self._forward_on(h, log_prec, valid, is_causal, attn_mask)
+
+    @staticmethod
+    def _valid(h: Tensor, log_prec: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
+        valid = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
+        if key_padding_mask is not None:
+            valid = valid & ~key_padding_mask.bool()
+        if log_prec is not None:
+            valid = valid & (log_prec > float("-inf")).any(dim=-1)
+        return valid
+
+    def _forward_off(
+        self, h: Tensor, valid: Tensor, is_causal: bool, attn_mask: Tensor | None
+    ) -> Tensor:
+        allowed = build_allowed(valid, is_causal, attn_mask)
+        z, weights, _, gate = self.self_attn(
+            self.norm1(h), allowed, need_weights=self.record and self.record_attention
+        )
+        h = h + self.dropout1(z)
+        f, _ = self._ffn(self.norm2(h))
+        h = h + self.dropout2(f)
+        if self.record:
+            self._record_off(h, valid, weights, gate)
+        return h
+
+    def _forward_on(
+        self,
+        h: Tensor,
+        log_prec: Tensor | None,
+        valid: Tensor,
+        is_causal: bool,
+        attn_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        if log_prec is None:
+            log_prec = default_log_precision(h, self.groups)
+        lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
+        attn = self.self_attn
+        # observe: kriging with the keys' precision as a logit bias
+        sigma1 = BF.norm_sigma(h, self.norm1.eps)
+        p_v = BF.delta_rule_matrix(attn.value_weight, self.nhead, self.groups, self.norm1.weight)
+        bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
+        allowed = build_allowed(valid, is_causal, attn_mask)
+        z, weights, stats, gate = attn(
+            self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention
+        )
+        assert stats is not None
+        lp_obs, n_eff, has_key = self._observation(stats, gate)
+        # update: the residual as a Kalman update
+        gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
+        h = h + BF.expand_groups(gain, self.d_model).to(z.dtype) * self.dropout1(z)
+        lp_post = BF.update_log_precision(lp, lp_obs, has_key)
+        # predict: FFN dynamics plus process noise
+        f, a = self._ffn(self.norm2(h))
+        m = BF.ffn_jacobian_matrix(
+            self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
+        )
+        jbar = BF.pooled_jacobian(
+            BF.activation_derivative(a, self.activation), m, BF.norm_sigma(h, self.norm2.eps)
+        )
+        h = h + self.dropout2(f)
+        q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
+        lp_out = BF.predict_log_precision(lp_post, jbar, q)
+        if self.training:
+            self._update_sill(stats.values, valid)
+        if self.record:
+            self.last_stats = FilterStats.detached(
+                valid=valid, log_prec=BF.with_padding(lp, valid),
+                log_prec_obs=lp_obs, gain=gain, n_eff=n_eff.transpose(1, 2),
+                log_prec_post=BF.with_padding(lp_post, valid), jbar=jbar,
+                log_prec_out=BF.with_padding(lp_out, valid), q=q,
+                attention=weights, gate=gate,
+            )  # fmt: skip
+        return h, BF.with_padding(lp_out, valid)
+
+    def _observation(
+        self, stats: KrigingStats, gate: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """REML observation precision per residual group, ``n_eff`` and row validity."""
+        has_key = (stats.sum_p_sq > 0).any(dim=1)  # (B, T)
+        n_eff = BF.kish_n_eff(stats.sum_p_sq)  # (B, H, T)
+        spread = BF.expanded_square_spread(stats.second_moment, stats.estimate)
+        sigma2 = BF.reml_variance(spread, n_eff, self.sill, self.nu0)
+        if gate is not None:  # the gate scales each head's output: variance times gate^2
+            b, t, _ = gate.shape
+            g2 = gate.float().square().view(b, t, self.nhead, -1).mean(-1)  # (B, T, H)
+            sigma2 = sigma2 * g2.transpose(1, 2)
+        p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
+        return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
+
+    @torch.no_grad()
+    def _update_sill(self, values: Tensor, valid: Tensor) -> None:
+        """Running per-head variance of the values over valid positions (like BatchNorm)."""
+        v = values.float().transpose(1, 2)[valid]  # (N, H, d_h)
+        if v.shape[0] < 2:
+            return
+        var = (v - v.mean(dim=0)).square().mean(dim=(0, 2))  # (H,)
+        self.sill.lerp_(var.to(self.sill.dtype), self.sill_momentum)
+
+    def _record_off(
+        self, h: Tensor, valid: Tensor, weights: Tensor | None, gate: Tensor | None
+    ) -> None:
+        b, t, _ = h.shape
+        ones = torch.ones(b, t, self.groups, device=h.device)
+        zeros = torch.zeros_like(ones)
+        n_eff = torch.zeros(b, t, self.nhead, device=h.device)
+        if weights is not None:
+            n_eff = BF.kish_n_eff(weights.float().square().sum(-1)).transpose(1, 2)
+        self.last_stats = FilterStats.detached(
+            valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones, n_eff=n_eff,
+            log_prec_post=zeros, jbar=zeros, log_prec_out=zeros,
+            q=torch.zeros(self.groups, device=h.device), attention=weights, gate=gate,
+        )  # fmt: skip
+
+
+class BFTEncoder(nn.Module):
+    """A stack of ``num_layers`` copies of a layer, mirroring ``nn.TransformerEncoder``.
+
+    The precision state threads through the stack: layer ``l`` starts from the
+    ``lambda''`` of layer ``l - 1``; layer 0 from ``log_precision`` (e.g. the
+    layer-0 prior ``tau``), or, when None, precision uniform in Norm1 units.
+    """
+
+    def __init__(
+        self, encoder_layer: BFTEncoderLayer, num_layers: int, norm: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.layers = nn.ModuleList(copy.deepcopy(encoder_layer) for _ in range(num_layers))
+        self.num_layers = num_layers
+        self.norm = norm
+
+    @property
+    def precision(self) -> str:
+        return self.first_layer.precision
+
+    @property
+    def first_layer(self) -> BFTEncoderLayer:
+        layer = self.layers[0]
+        assert isinstance(layer, BFTEncoderLayer)
+        return layer
+
+    def forward(
+        self,
+        src: Tensor,
+        mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool | None = None,
+        log_precision: Tensor | None = None,
+        return_precision: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """src: (B, T, d); log_precision: (B, T, G) or (B, T, 1), -inf at padding.
+
+        ``mask`` is a (T, T) attention mask (bool True = blocked, or additive
+        float); with ``is_causal=True`` and no mask the causal mask is built.
+        Returns the output (B, T, d), and with ``return_precision`` the final
+        ``log lambda`` (B, T, G) too (None in off mode).
+        """
+        causal = bool(is_causal)
+        if causal and mask is not None:
+            mask = None  # the causal mask is built from is_causal
+        h, lp = src, log_precision
+        if lp is not None and lp.shape[-1] == 1:
+            lp = lp.expand(*lp.shape[:2], self.first_layer.groups)
+        for layer in self.layers:
+            h, lp = layer(h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
+                          attn_mask=mask)  # fmt: skip
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.precision == "off":
+            lp = None
+        return (h, lp) if return_precision else h
+
+    @classmethod
+    def from_torch(
+        cls, encoder: nn.TransformerEncoder, precision: str = "on", **bft_options: object
+    ) -> BFTEncoder:
+        """Convert an ``nn.TransformerEncoder`` (pre-norm, batch-first), copying its weights.
+
+        ``bft_options`` (``groups``, ``q_init``, ...) go to ``BFTEncoderLayer``.
+        With ``precision="off"`` the result computes exactly what ``encoder`` does.
+        """
+        layers = list(encoder.layers)
+        src = layers[0]
+        if not isinstance(src, nn.TransformerEncoderLayer):
+            raise TypeError(f"expected nn.TransformerEncoderLayer layers, got {type(src)}")
+        layer = BFTEncoderLayer(
+            d_model=src.self_attn.embed_dim,
+            nhead=src.self_attn.num_heads,
+            dim_feedforward=src.linear1.out_features,
+            dropout=src.dropout.p,
+            activation=src.activation,
+            layer_norm_eps=src.norm1.eps,
+            batch_first=src.self_attn.batch_first,
+            norm_first=src.norm_first,
+            precision=precision,
+            **bft_options,  # type: ignore[arg-type]
+        )
+        norm = copy.deepcopy(encoder.norm) if encoder.norm is not None else None
+        out = cls(layer, len(layers), norm)
+        for mine, theirs in zip(out.layers, layers, strict=True):
+            missing, unexpected = mine.load_state_dict(theirs.state_dict(), strict=False)
+            extra = {k for k in missing if not k.startswith(("rho", "sill"))}
+            if extra or unexpected:
+                raise ValueError(f"weights do not match: missing {extra}, unexpected {unexpected}")
+        return out.to(next(encoder.parameters()).device)

@@ -1,0 +1,101 @@
+"""Layer-0 precision priors ``tau`` (``BFT_SPEC.md`` section 4).
+
+``tau`` is learned per id as ``exp`` of a log-precision embedding (multiplicative
+moves, so Adam moves it at a useful rate), or as ``exp(MLP(embedding))``. The
+padding id gets precision 0 (``log tau = -inf``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN
+
+PRIOR_INITS = ("constant", "frequency")
+
+
+def frequency_log_prior(counts: Tensor, log_c: float) -> Tensor:
+    """Empirical-Bayes init: ``log tau_i = log c + log(1 + n_i) - mean_i log(1 + n_i)``.
+
+    An embedding seen ``n_i`` times has variance ~ ``1 / n_i``. The centring keeps
+    the mean at ``log c``. ``counts``: (N,), index 0 (padding) is ignored.
+    """
+    log_n = torch.log1p(counts.double().clamp_min(0))
+    centre = log_n[1:].mean() if len(log_n) > 1 else log_n.mean()
+    return (log_c + log_n - centre).float()
+
+
+class PrecisionPrior(nn.Module):
+    """Per-id learned layer-0 log-precision, width 1 (one a token) or ``G``.
+
+    Args:
+        num_embeddings: vocabulary size including the padding id.
+        width: 1 or the number of precision groups ``G``.
+        init: ``"constant"`` (``log tau = log c``) or ``"frequency"``.
+        scale: ``c``; match it to the input scale, ``1 / mean Var(h0)``.
+        counts: (num_embeddings,) id frequencies, needed for ``"frequency"``.
+        padding_idx: the id whose precision is 0, or None.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        width: int = 1,
+        init: str = "constant",
+        scale: float = 1.0,
+        counts: Tensor | None = None,
+        padding_idx: int | None = 0,
+    ) -> None:
+        super().__init__()
+        if init not in PRIOR_INITS:
+            raise ValueError(f"prior init must be one of {PRIOR_INITS}, got {init!r}")
+        if scale <= 0 or not math.isfinite(scale):
+            raise ValueError(f"prior scale c must be positive and finite, got {scale}")
+        self.padding_idx, self.width = padding_idx, width
+        self.log_tau = nn.Embedding(num_embeddings, width)
+        self.reset(init, scale, counts)
+
+    @torch.no_grad()
+    def reset(self, init: str, scale: float, counts: Tensor | None = None) -> None:
+        """(Re)initialise ``log tau`` by ``init`` with scale ``c``."""
+        log_c = math.log(scale)
+        if init == "constant":
+            self.log_tau.weight.fill_(log_c)
+        else:
+            if counts is None or len(counts) != self.log_tau.num_embeddings:
+                raise ValueError("init='frequency' needs counts of length num_embeddings")
+            per_id = frequency_log_prior(torch.as_tensor(counts), log_c)
+            self.log_tau.weight.copy_(per_id.unsqueeze(1).expand_as(self.log_tau.weight))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids: (B, T) -> log tau (B, T, width), ``-inf`` at the padding id."""
+        log_tau = self.log_tau(ids).float().clamp(LOG_PREC_MIN, LOG_PREC_MAX)
+        if self.padding_idx is not None:
+            log_tau = log_tau.masked_fill((ids == self.padding_idx).unsqueeze(-1), float("-inf"))
+        return log_tau
+
+
+class MLPPrecisionPrior(nn.Module):
+    """``log tau = log c + MLP(embedding)`` (B, T, width); the last layer starts at zero.
+
+    Shares statistical strength across ids: a rare id gets the precision its
+    embedding implies rather than a table entry it rarely updates.
+    """
+
+    def __init__(self, d_model: int, width: int = 1, hidden: int = 64, scale: float = 1.0) -> None:
+        super().__init__()
+        if scale <= 0 or not math.isfinite(scale):
+            raise ValueError(f"prior scale c must be positive and finite, got {scale}")
+        self.width, self.log_c = width, math.log(scale)
+        last = nn.Linear(hidden, width)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), last)
+
+    def forward(self, embedding: Tensor, valid: Tensor) -> Tensor:
+        """embedding: (B, T, d); valid: (B, T) bool -> (B, T, width), -inf where not valid."""
+        log_tau = (self.log_c + self.mlp(embedding).float()).clamp(LOG_PREC_MIN, LOG_PREC_MAX)
+        return log_tau.masked_fill(~valid.unsqueeze(-1), float("-inf"))

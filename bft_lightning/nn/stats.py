@@ -1,0 +1,104 @@
+"""The recording interface every BFT layer exposes to callbacks and analysis.
+
+A layer with ``record = True`` keeps, after each forward, a detached
+``FilterStats`` of that forward in ``last_stats``; with ``record = False``
+(the default) it keeps nothing and costs nothing. ``record_attention``
+additionally keeps the attention weights. A callback finds such layers in any
+model with ``find_filter_layers(model)``, by the ``FilterRecorder`` protocol,
+so it needs no knowledge of the model's classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class FilterStats:
+    """Diagnostics of one BFT layer for its last forward (detached, float32).
+
+    Precisions are natural logs; padding positions are excluded by ``valid``.
+
+    valid: (B, T) bool, positions with positive prior precision
+    log_prec: (B, T, G) log lambda, the prior precision entering the layer
+    log_prec_obs: (B, T, G) log lambda_obs, observation precision per group
+    gain: (B, T, G) Kalman gain K
+    n_eff: (B, T, H) Kish effective sample size of the attention row
+    log_prec_post: (B, T, G) log lambda' after the update
+    jbar: (B, T, G) pooled FFN Jacobian (zeros for layers without an FFN)
+    log_prec_out: (B, T, G) log lambda'' after the predict step
+    q: (G,) process noise Q
+    attention: (B, H, T, T) weights before dropout, only with record_attention
+    gate: (B, T, d) sigmoid gate of gated attention, when the layer has one
+    """
+
+    valid: Tensor
+    log_prec: Tensor
+    log_prec_obs: Tensor
+    gain: Tensor
+    n_eff: Tensor
+    log_prec_post: Tensor
+    jbar: Tensor
+    log_prec_out: Tensor
+    q: Tensor
+    attention: Tensor | None = None
+    gate: Tensor | None = None
+
+    @classmethod
+    def detached(cls, **values: Tensor | None) -> FilterStats:
+        """Build from live tensors: detach, and cast floating tensors to float32."""
+        out = {}
+        for f in fields(cls):
+            v = values.get(f.name)
+            if v is not None:
+                v = v.detach()
+                v = v.float() if v.is_floating_point() else v
+            out[f.name] = v
+        return cls(**out)  # type: ignore[arg-type]
+
+    def masked(self, name: str) -> Tensor:
+        """A per-position quantity at valid positions only, flattened to (N, last_dim)."""
+        value = getattr(self, name)
+        if name == "q" or value is None:
+            raise ValueError(f"{name!r} is not a per-position quantity")
+        return value[self.valid]
+
+
+@runtime_checkable
+class FilterRecorder(Protocol):
+    """What a callback needs of a BFT layer."""
+
+    record: bool
+    record_attention: bool
+    last_stats: FilterStats | None
+
+
+def find_filter_layers(model: nn.Module) -> Iterator[tuple[str, FilterRecorder]]:
+    """Every module of ``model`` that follows the recording protocol, by name."""
+    for name, module in model.named_modules():
+        if isinstance(module, FilterRecorder) and isinstance(module, nn.Module):
+            yield name, module
+
+
+def set_recording(model: nn.Module, on: bool, attention: bool = False) -> None:
+    """Switch recording on or off in every filter layer of ``model``."""
+    for _, layer in find_filter_layers(model):
+        layer.record = on
+        layer.record_attention = on and attention
+        if not on:
+            layer.last_stats = None
+
+
+@torch.no_grad()
+def mean_gain_per_sequence(stats: FilterStats, position: int | None = -1) -> Tensor:
+    """Mean K over groups at one position (default the last), per sequence: (B,)."""
+    gain = stats.gain.mean(dim=-1)  # (B, T)
+    if position is None:
+        v = stats.valid.float()
+        return (gain * v).sum(1) / v.sum(1).clamp_min(1)
+    return gain[:, position]

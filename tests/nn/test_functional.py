@@ -1,0 +1,144 @@
+"""The filter's pure functions: delta rule, spread, REML, gain, predict; gradcheck."""
+
+from __future__ import annotations
+
+import torch
+
+from bft_lightning.nn import functional as BF
+from bft_lightning.nn.attention import masked_softmax
+
+
+def test_delta_rule_matches_monte_carlo() -> None:
+    torch.manual_seed(1)
+    w = torch.randn(6, 4)
+    s2_in = torch.tensor([0.5, 2.0])  # two input groups of 2 channels
+    p = BF.delta_rule_matrix(w, out_groups=3, in_groups=2)
+    x = torch.randn(200_000, 4) * s2_in.repeat_interleave(2).sqrt()
+    var_out = (x @ w.t()).var(dim=0)  # per output channel
+    expected = var_out.view(3, 2).mean(dim=1)
+    torch.testing.assert_close(BF.delta_rule(s2_in, p), expected, rtol=0.03, atol=0.0)
+
+
+def test_delta_rule_norm_scale_folds_into_weight() -> None:
+    w, gamma = torch.randn(4, 4), torch.rand(4) + 0.5
+    p1 = BF.delta_rule_matrix(w, 2, 4, in_scale=gamma)
+    p2 = BF.delta_rule_matrix(w * gamma, 2, 4)
+    torch.testing.assert_close(p1, p2)
+
+
+def test_expanded_square_equals_explicit_spread() -> None:
+    b, h, t, dh = 2, 3, 5, 4
+    v = torch.randn(b, h, t, dh, dtype=torch.float64)
+    p = torch.softmax(torch.randn(b, h, t, t, dtype=torch.float64), dim=-1)
+    e = p @ v
+    second = p @ v.square().mean(-1, keepdim=True)
+    spread = BF.expanded_square_spread(second.squeeze(-1), e).double()
+    explicit = (p * (v.unsqueeze(2) - e.unsqueeze(3)).square().mean(-1)).sum(-1)
+    torch.testing.assert_close(spread, explicit, rtol=1e-5, atol=1e-6)
+
+
+def test_n_eff_from_lse_matches_row_reduction() -> None:
+    s = torch.randn(3, 7, dtype=torch.float64)
+    p = torch.softmax(s, -1)
+    direct = BF.kish_n_eff(p.square().sum(-1))
+    lse = BF.n_eff_from_lse(torch.logsumexp(2 * s, -1), torch.logsumexp(s, -1))
+    torch.testing.assert_close(direct, lse)
+    assert (direct >= 1).all() and (direct <= 7 + 1e-9).all()
+
+
+def test_reml_limits() -> None:
+    sill = torch.tensor([2.0])
+    # one neighbour (a sink): no residual degrees of freedom, the prior decides
+    one = BF.reml_variance(torch.zeros(1, 1, 1), torch.ones(1, 1, 1), sill, nu0=1.0)
+    torch.testing.assert_close(one, torch.full((1, 1, 1), 2.0))
+    # many agreeing neighbours: the data dominate
+    many = BF.reml_variance(torch.full((1, 1, 1), 0.1), torch.full((1, 1, 1), 1e4), sill)
+    assert abs(many.item() - 0.1) < 1e-3
+
+
+def test_kalman_gain_range_and_empty_rows() -> None:
+    lp = torch.randn(2, 5, 3) * 5
+    lp_obs = torch.randn(2, 5, 3) * 5
+    has = torch.ones(2, 5, dtype=torch.bool)
+    has[1, 0] = False
+    k = BF.kalman_gain(lp, lp_obs, has)
+    assert (k >= 0).all() and (k <= 1).all()
+    assert (k[1, 0] == 0).all()
+    lam, lam_obs = lp.exp(), lp_obs.exp()
+    torch.testing.assert_close(k[0], (lam_obs / (lam + lam_obs))[0])
+
+
+def test_predict_bounded_by_inverse_q() -> None:
+    lp = torch.randn(4, 6, 2) * 8
+    jbar = torch.randn(4, 6, 2)
+    q = torch.tensor([0.01, 0.5])
+    out = BF.predict_log_precision(lp, jbar, q)
+    assert (out.exp() <= 1 / q + 1e-3).all()
+
+
+def test_masked_softmax_empty_row_is_zero() -> None:
+    s = torch.randn(2, 4)
+    allowed = torch.tensor([[True, False, True, False], [False] * 4])
+    p = masked_softmax(s, allowed)
+    assert torch.isfinite(p).all()
+    assert p[1].abs().sum() == 0
+    torch.testing.assert_close(p[0].sum(), torch.tensor(1.0))
+
+
+def test_gradcheck_functional_pieces() -> None:
+    d = torch.float64
+    lp = torch.randn(2, 3, 2, dtype=d, requires_grad=True)
+    sig = (torch.rand(2, 3, dtype=d) + 0.5).requires_grad_()
+    p_v = (torch.rand(2, 2, dtype=d) + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(BF.neighbour_log_precision, (lp, sig, p_v))
+
+    spread = (torch.rand(2, 2, 3, dtype=d) + 0.1).requires_grad_()
+    n_eff = (torch.rand(2, 2, 3, dtype=d) * 3 + 1).requires_grad_()
+    sill = (torch.rand(2, dtype=d) + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda s, n, s0: BF.reml_variance(s, n, s0), (spread, n_eff, sill)
+    )
+
+    lp_obs = torch.randn(2, 3, 2, dtype=d, requires_grad=True)
+    has = torch.ones(2, 3, dtype=torch.bool)
+    assert torch.autograd.gradcheck(lambda a, b: BF.kalman_gain(a, b, has), (lp, lp_obs))
+    assert torch.autograd.gradcheck(lambda a, b: BF.update_log_precision(a, b, has), (lp, lp_obs))
+
+    jbar = (torch.randn(2, 3, 2, dtype=d) * 0.3).requires_grad_()
+    q = (torch.rand(2, dtype=d) * 0.1 + 0.01).requires_grad_()
+    assert torch.autograd.gradcheck(BF.predict_log_precision, (lp, jbar, q))
+
+    e = torch.randn(2, 2, 3, 4, dtype=d, requires_grad=True)
+    second = (e.detach().square().mean(-1) + 1.0).requires_grad_()
+    assert torch.autograd.gradcheck(BF.expanded_square_spread, (second, e))
+
+
+def test_ffn_jacobian_matches_autograd_diagonal() -> None:
+    torch.manual_seed(3)
+    d, f, g = 8, 16, 4
+    ln = torch.nn.LayerNorm(d)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+    lin1, lin2 = torch.nn.Linear(d, f), torch.nn.Linear(f, d)
+    h = torch.randn(d)
+    jac = torch.autograd.functional.jacobian(
+        lambda x: lin2(torch.nn.functional.gelu(lin1(ln(x)))), h
+    )
+    m = BF.ffn_jacobian_matrix(lin1.weight, lin2.weight, ln.weight, g)
+    a = lin1(ln(h))
+    jbar = BF.pooled_jacobian(
+        BF.activation_derivative(a, "gelu").view(1, 1, f), m, BF.norm_sigma(h.view(1, 1, d), ln.eps)
+    )
+    # the spec's diagonal ignores LayerNorm's centring/normalising projection terms,
+    # whose share of the diagonal is O(1/d); compare on the leading term
+    sigma = BF.norm_sigma(h.view(1, 1, d), ln.eps).item()
+    leading = (
+        torch.einsum(
+            "ik,k,ki,i->i", lin2.weight, BF.activation_derivative(a, "gelu"), lin1.weight, ln.weight
+        )
+        / sigma
+    )
+    torch.testing.assert_close(jbar.view(g), leading.view(g, -1).mean(1), rtol=1e-5, atol=1e-6)
+    # and the leading term is the dominant part of the true diagonal
+    corr = torch.corrcoef(torch.stack([jac.diagonal(), leading]))[0, 1]
+    assert corr > 0.8

@@ -1,0 +1,293 @@
+"""BFTEncoderLayer / BFTEncoder: reduction to torch, the spec's section-6 properties."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, PrecisionPrior, set_recording
+from bft_lightning.nn import functional as BF
+
+D, H, FF = 16, 4, 32
+
+
+def torch_encoder(num_layers: int = 2, activation: str = "gelu") -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(
+        D, H, FF, dropout=0.0, activation=activation, norm_first=True, batch_first=True
+    )
+    return nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False).eval()
+
+
+def bft_layer(**kw) -> BFTEncoderLayer:
+    opts = dict(d_model=D, nhead=H, dim_feedforward=FF, dropout=0.0, activation="gelu")
+    opts.update(kw)
+    return BFTEncoderLayer(**opts)
+
+
+def right_pad(b: int, t: int, lengths: list[int]) -> torch.Tensor:
+    return torch.arange(t).expand(b, t) >= torch.tensor(lengths).unsqueeze(1)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_off_equals_torch_layer(activation: str, causal: bool, padded: bool) -> None:
+    ref = torch_encoder(1, activation).layers[0]
+    mine = bft_layer(precision="off", activation=activation).eval()
+    mine.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(3, 9, D)
+    pad = right_pad(3, 9, [9, 6, 2]) if padded else None
+    mask = nn.Transformer.generate_square_subsequent_mask(9) if causal else None
+    expected = ref(x, src_mask=mask, src_key_padding_mask=pad, is_causal=causal)
+    got, _ = mine(x, key_padding_mask=pad, is_causal=causal)
+    keep = ~pad if pad is not None else torch.ones(3, 9, dtype=torch.bool)
+    torch.testing.assert_close(got[keep], expected[keep], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_from_torch_off_equals_encoder(causal: bool) -> None:
+    enc = torch_encoder(3)
+    enc.norm = nn.LayerNorm(D)
+    mine = BFTEncoder.from_torch(enc, precision="off").eval()
+    x, pad = torch.randn(2, 8, D), right_pad(2, 8, [8, 5])
+    mask = nn.Transformer.generate_square_subsequent_mask(8) if causal else None
+    expected = enc(x, mask=mask, src_key_padding_mask=pad, is_causal=causal)
+    got = mine(x, src_key_padding_mask=pad, is_causal=causal)
+    torch.testing.assert_close(got[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
+
+
+def test_from_torch_rejects_post_norm_and_on_copies_weights() -> None:
+    post = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(D, H, FF, batch_first=True), 1, enable_nested_tensor=False
+    )
+    with pytest.raises(ValueError, match="norm_first=True"):
+        BFTEncoder.from_torch(post)
+    enc = torch_encoder(2)
+    on = BFTEncoder.from_torch(enc, precision="on", groups=2)
+    torch.testing.assert_close(on.layers[1].linear1.weight, enc.layers[1].linear1.weight)
+    assert on.layers[0].rho.shape == (2,)
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="batch_first"):
+        bft_layer(batch_first=False)
+    with pytest.raises(ValueError, match="groups"):
+        bft_layer(groups=3)
+    with pytest.raises(ValueError, match="precision"):
+        bft_layer(precision="maybe")
+    with pytest.raises(ValueError, match="activation"):
+        bft_layer(activation="tanh")
+
+
+def test_uniform_precision_in_norm1_units_gives_softmax_attention() -> None:
+    off = bft_layer(precision="off").eval()
+    on = bft_layer(precision="on").eval()
+    on.load_state_dict(off.state_dict(), strict=False)
+    x = torch.randn(2, 7, D) * torch.rand(2, 7, 1) * 3  # tokens of different scales
+    c = 5.0
+    sigma1 = BF.norm_sigma(x, on.norm1.eps)
+    log_prec = (torch.log(torch.tensor(c)) - 2 * torch.log(sigma1)).unsqueeze(-1).expand(2, 7, H)
+    set_recording(off, True, attention=True)
+    set_recording(on, True, attention=True)
+    off(x, is_causal=True)
+    on(x, log_prec, is_causal=True)
+    torch.testing.assert_close(on.last_stats.attention, off.last_stats.attention)
+    # and with K forced to 1 the layer is the plain layer: K only scales z
+    k = on.last_stats.gain
+    assert ((k > 0) & (k < 1)).all()
+
+
+def test_uniform_precision_gives_softmax_plus_log_sigma_bias() -> None:
+    on = bft_layer(precision="on").eval()
+    x = torch.randn(1, 6, D) * torch.linspace(0.5, 3, 6).view(1, 6, 1)
+    set_recording(on, True, attention=True)
+    on(x, torch.zeros(1, 6, H))
+    attn = on.self_attn
+    q, k, _ = nn.functional.linear(on.norm1(x), attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1)
+    q, k = (y.view(1, 6, H, -1).transpose(1, 2) for y in (q, k))
+    scores = q @ k.transpose(-1, -2) / (D // H) ** 0.5
+    sig2 = BF.norm_sigma(x, on.norm1.eps).square()  # (1, T)
+    expected = torch.softmax(scores + torch.log(sig2).view(1, 1, 1, 6), dim=-1)
+    torch.testing.assert_close(on.last_stats.attention, expected, rtol=1e-4, atol=1e-5)
+
+
+def _run_layers(enc: BFTEncoder, x, lp, pad, causal):
+    outs = []
+    h = x
+    for layer in enc.layers:
+        h, lp = layer(h, lp, key_padding_mask=pad, is_causal=causal)
+        outs.append((h, lp))
+    return outs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_invariance_every_layer(causal: bool, side: str) -> None:
+    enc = BFTEncoder(bft_layer(precision="on", groups=2), num_layers=3).eval()
+    t, n_pad = 6, 3
+    x = torch.randn(1, t, D)
+    lp = torch.randn(1, t, 2)
+    junk = torch.randn(1, n_pad, D) * 100
+    junk_lp = torch.randn(1, n_pad, 2)
+    if side == "left":
+        xp, lpp = torch.cat([junk, x], 1), torch.cat([junk_lp, lp], 1)
+        pad = torch.arange(t + n_pad).unsqueeze(0) < n_pad
+        sl = slice(n_pad, None)
+    else:
+        xp, lpp = torch.cat([x, junk], 1), torch.cat([lp, junk_lp], 1)
+        pad = torch.arange(t + n_pad).unsqueeze(0) >= t
+        sl = slice(0, t)
+    ref = _run_layers(enc, x, lp, None, causal)
+    got = _run_layers(enc, xp, lpp, pad, causal)
+    for (h0, lp0), (h1, lp1) in zip(ref, got):
+        torch.testing.assert_close(h1[:, sl], h0, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(lp1[:, sl], lp0, rtol=1e-4, atol=1e-5)
+        assert torch.isneginf(lp1[pad]).all()  # precision 0 stays absorbing
+
+
+def test_padding_by_precision_alone_equals_mask() -> None:
+    enc = BFTEncoder(bft_layer(precision="on"), num_layers=2).eval()
+    x, lp = torch.randn(2, 5, D), torch.randn(2, 5, H)
+    pad = right_pad(2, 5, [5, 3])
+    y1, lp1 = enc(x, src_key_padding_mask=pad, log_precision=lp, return_precision=True)
+    y2, lp2 = enc(x, log_precision=lp.masked_fill(pad.unsqueeze(-1), float("-inf")),
+                  return_precision=True)  # fmt: skip
+    torch.testing.assert_close(y1[~pad], y2[~pad])
+    torch.testing.assert_close(lp1, lp2)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_causality(train: bool) -> None:
+    enc = BFTEncoder(bft_layer(precision="on"), num_layers=2)
+    enc.train(train)
+    x, lp = torch.randn(2, 8, D), torch.randn(2, 8, H)
+    x2, lp2 = x.clone(), lp.clone()
+    x2[:, 5] += 10.0
+    lp2[:, 5] -= 3.0
+    y1, p1 = copy.deepcopy(enc)(x, is_causal=True, log_precision=lp, return_precision=True)
+    y2, p2 = copy.deepcopy(enc)(x2, is_causal=True, log_precision=lp2, return_precision=True)
+    torch.testing.assert_close(y1[:, :5], y2[:, :5])
+    torch.testing.assert_close(p1[:, :5], p2[:, :5])
+    assert not torch.allclose(y1[:, 5:], y2[:, 5:])
+
+
+def test_sill_is_a_running_statistic() -> None:
+    layer = bft_layer(precision="on")
+    before = layer.sill.clone()
+    layer.train()(torch.randn(4, 6, D))
+    assert not torch.equal(layer.sill, before)
+    frozen = layer.sill.clone()
+    layer.eval()(torch.randn(4, 6, D))
+    assert torch.equal(layer.sill, frozen)
+    # a single token still has a finite, positive observation precision
+    set_recording(layer, True)
+    layer(torch.randn(1, 1, D))
+    assert torch.isfinite(layer.last_stats.log_prec_obs).all()
+
+
+def test_gain_range_and_precision_bound() -> None:
+    enc = BFTEncoder(bft_layer(precision="on", q_init=0.05), num_layers=3).eval()
+    set_recording(enc, True)
+    x, pad = torch.randn(3, 10, D), right_pad(3, 10, [10, 4, 1])
+    enc(x, src_key_padding_mask=pad, is_causal=True, log_precision=torch.randn(3, 10, H) * 4)
+    for layer in enc.layers:
+        s = layer.last_stats
+        k = s.gain[s.valid]
+        assert ((k > 0) & (k < 1)).all()
+        lam = s.log_prec_out[s.valid].exp()
+        assert (lam <= 1 / s.q + 1e-3).all()
+        assert torch.isneginf(s.log_prec_out[~s.valid]).all()
+
+
+def test_no_valid_key_rows_have_zero_gain() -> None:
+    layer = bft_layer(precision="on").eval()
+    set_recording(layer, True)
+    pad = torch.tensor([[True, True, False, False]])  # left padding, causal: rows 0-1 empty
+    h, lp = layer(torch.randn(1, 4, D), key_padding_mask=pad, is_causal=True)
+    assert torch.isfinite(h).all()
+    assert (layer.last_stats.gain[0, :2] == 0).all()
+    assert (layer.last_stats.gain[0, 2:] > 0).all()
+
+
+def test_gradients_reach_tau_and_rho() -> None:
+    enc = BFTEncoder(bft_layer(precision="on"), num_layers=3)
+    prior = PrecisionPrior(10, width=H, init="constant", scale=2.0)
+    ids = torch.randint(1, 10, (2, 6))
+    ids[0, :2] = 0
+    x = torch.randn(2, 6, D)
+    y, lp = enc(x, src_key_padding_mask=ids == 0, log_precision=prior(ids), return_precision=True)
+    y.square().mean().backward(retain_graph=True)
+    assert prior.log_tau.weight.grad[1:].abs().sum() > 0
+    assert prior.log_tau.weight.grad[0].abs().sum() == 0  # padding id: precision 0, no gradient
+    for layer in enc.layers[:-1]:  # their lambda'' feeds the next layer, hence the loss
+        assert layer.rho.grad is not None and layer.rho.grad.abs().sum() > 0
+    # the last layer's Q feeds the loss only when the head reads the final precision
+    last_before = enc.layers[-1].rho.grad
+    assert last_before is None or last_before.abs().sum() == 0
+    lp[torch.isfinite(lp)].sum().backward()
+    assert enc.layers[-1].rho.grad.abs().sum() > 0
+
+
+def test_no_nan_bf16_long_and_almost_all_padding() -> None:
+    enc = BFTEncoder(bft_layer(precision="on"), num_layers=2)
+    x = torch.randn(2, 1024, D)
+    pad = torch.zeros(2, 1024, dtype=torch.bool)
+    pad[1, 1:] = True  # all but one position padded
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, lp = enc(x, src_key_padding_mask=pad, is_causal=True,
+                    log_precision=torch.zeros(2, 1024, H), return_precision=True)  # fmt: skip
+    assert lp.dtype == torch.float32
+    assert torch.isfinite(y[~pad]).all()
+    assert torch.isfinite(lp[~pad]).all()
+    y.float()[~pad].sum().backward()
+    for p in enc.parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize("groups", [1, H, D])
+def test_groups_agree_with_per_channel_delta_rule(groups: int) -> None:
+    """Pooled precision propagation equals the unpooled per-channel computation."""
+    ref = bft_layer(precision="on", groups=D).eval()  # per channel: no pooling
+    mine = bft_layer(precision="on", groups=groups).eval()
+    weights = {k: v for k, v in ref.state_dict().items() if k != "rho"}
+    mine.load_state_dict(weights, strict=False)
+    x = torch.randn(2, 5, D)
+    lp_group = torch.randn(2, 5, groups)
+    lp_channel = BF.expand_groups(lp_group, D)  # same per-channel variance inside a group
+    set_recording(ref, True, attention=True)
+    set_recording(mine, True, attention=True)
+    ref(x, lp_channel)
+    mine(x, lp_group)
+    # observe: identical kriging weights (the neighbour precision is per head)
+    torch.testing.assert_close(mine.last_stats.attention, ref.last_stats.attention)
+    # lambda_obs of a group = 1 / mean over its channels of the per-channel variance
+    s2_channel = torch.exp(-ref.last_stats.log_prec_obs)  # (B, T, D)
+    s2_group = s2_channel.view(2, 5, groups, D // groups).mean(-1)
+    torch.testing.assert_close(mine.last_stats.log_prec_obs, -torch.log(s2_group))
+    # predict: the pooled Jacobian matrix is the group mean of the per-channel one
+    w1, w2, g2 = ref.linear1.weight, ref.linear2.weight, ref.norm2.weight
+    m_channel = BF.ffn_jacobian_matrix(w1, w2, g2, D)  # (F, D)
+    torch.testing.assert_close(
+        BF.ffn_jacobian_matrix(w1, w2, g2, groups), m_channel.view(FF, groups, -1).mean(-1)
+    )
+
+
+def test_recording_is_off_by_default_and_detached() -> None:
+    layer = bft_layer(precision="on")
+    layer(torch.randn(1, 3, D))
+    assert layer.last_stats is None
+    layer.record = True
+    layer(torch.randn(1, 3, D))
+    s = layer.last_stats
+    assert s is not None and s.attention is None and not s.gain.requires_grad
+
+
+def test_gated_attention_runs_in_both_modes() -> None:
+    for precision in ("off", "on"):
+        layer = bft_layer(precision=precision, attention_gate="sigmoid")
+        layer.record = True
+        h, _ = layer(torch.randn(2, 4, D), is_causal=True)
+        assert torch.isfinite(h).all() and layer.last_stats.gate.shape == (2, 4, D)
