@@ -22,6 +22,7 @@ lint: setup
 	$(PY) -m ruff check bft_lightning tests bench examples
 	$(PY) -m ruff format --check bft_lightning tests bench examples
 	$(PY) -m mypy bft_lightning
+	$(VENV)/bin/hadolint docker/Dockerfile
 
 test: lint
 	$(PY) -m pytest -q

@@ -17,8 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bft_lightning.nn.functional import masked_softmax
-
 
 @dataclass
 class KrigingStats:
@@ -53,6 +51,9 @@ def build_allowed(valid: Tensor, is_causal: bool, attn_mask: Tensor | None = Non
     return allowed.expand(valid.shape[0], 1, t, t)
 
 
+MASKED = -1e30  # finite: a row with no allowed key stays finite and is zeroed after
+
+
 def reference_attention(
     q: Tensor,
     k: Tensor,
@@ -61,36 +62,48 @@ def reference_attention(
     bias: Tensor | None,
     dropout_p: float,
     with_stats: bool,
+    need_weights: bool = True,
 ) -> tuple[Tensor, Tensor, KrigingStats | None]:
     """Materialised kriging attention.
 
     ``p = softmax_j(q.k / sqrt(d_h) + bias_j)`` over allowed keys; rows with no
     allowed key give ``p = 0``. With statistics, the scores are computed in
-    float32 (the spread is a difference of two large numbers).
+    float32 (the spread is a difference of two large numbers), and one product
+    with the values ``[v, ||v||^2 / d_h]`` gives both the estimate and the
+    second moment. The bias is fused into the score product (``baddbmm``) and
+    empty rows are zeroed on the (T x d_h) outputs, not on the (T x T) weights.
 
-    q, k, v: (B, H, T, d_h); allowed: (B, 1, T, T); bias: (B, H, T) per key.
-    Returns the estimate with dropout (B, H, T, d_h), the weights before
-    dropout (B, H, T, T) and the statistics (or None).
+    q: (B, H, T, d_h); k, v: (B, H, S, d_h); allowed: (B, 1, T, S); bias:
+    (B, H, S) per key. Returns the estimate with dropout (B, H, T, d_h), the
+    weights before dropout (B, H, T, S; exact only with ``need_weights``) and the
+    statistics (or None).
     """
     if with_stats:
         q, k, v = q.float(), k.float(), v.float()
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, T, T)
-    if bias is not None:
-        scores = scores + bias.unsqueeze(-2).to(scores.dtype)
-    p = masked_softmax(scores, allowed)
+    b, h, t, dh = q.shape
+    s = k.shape[2]
+    scale = 1.0 / math.sqrt(dh)
+    qf, kf = q.reshape(b * h, t, dh), k.reshape(b * h, s, dh).transpose(1, 2)
+    if bias is None:
+        scores = torch.bmm(qf, kf) * scale
+    else:
+        scores = torch.baddbmm(bias.reshape(b * h, 1, s).to(q.dtype), qf, kf, alpha=scale)
+    scores = scores.view(b, h, t, s).masked_fill(~allowed, MASKED)
+    p = torch.softmax(scores, dim=-1)
+    has_key = allowed.any(dim=-1, keepdim=True).to(p.dtype)  # (B, 1, T, 1)
     p_drop = F.dropout(p, dropout_p) if dropout_p > 0 else p
-    out = p_drop @ v
+    weights = p * has_key if need_weights else p
     if not with_stats:
-        return out, p, None
-    estimate = out if p_drop is p else p @ v
+        return (p_drop @ v) * has_key, weights, None
+    v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
+    e_aug = (p @ v_aug) * has_key  # (B, H, T, d_h + 1)
+    estimate, second_moment = e_aug[..., :-1], e_aug[..., -1]
+    out = (p_drop @ v) * has_key if dropout_p > 0 else estimate
+    sum_p_sq = (p.unsqueeze(-2) @ p.unsqueeze(-1)).view(b, h, t) * has_key.view(b, 1, t)
     stats = KrigingStats(
-        second_moment=p @ v.square().mean(dim=-1, keepdim=True),
-        estimate=estimate,
-        sum_p_sq=p.square().sum(dim=-1),
-        values=v,
+        second_moment=second_moment, estimate=estimate, sum_p_sq=sum_p_sq, values=v
     )
-    stats.second_moment = stats.second_moment.squeeze(-1)
-    return out, p, stats
+    return out, weights, stats
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout_p: float) -> Tensor:
@@ -157,7 +170,9 @@ class KrigingAttention(nn.Module):
         if self.impl == "sdpa" and not with_stats and not need_weights and bias is None:
             out = sdpa_attention(q, k, v, allowed, drop)
         else:
-            out, weights, stats = reference_attention(q, k, v, allowed, bias, drop, with_stats)
+            out, weights, stats = reference_attention(
+                q, k, v, allowed, bias, drop, with_stats, need_weights
+            )
         out = out.to(v.dtype).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
         gate = None
         if self.gate is not None:

@@ -92,13 +92,12 @@ def neighbour_log_precision(log_prec: Tensor, norm_sigma: Tensor, p_v: Tensor) -
 def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the last dim in which rows with no allowed entry give all zeros.
 
-    scores: (..., T_k) float; allowed: broadcastable bool. No NaN anywhere.
+    scores: (..., T_k) float; allowed: broadcastable bool. No NaN anywhere, in
+    values or gradients: an empty row is computed unmasked, then zeroed.
     """
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    w = torch.exp(scores - row_max.detach())
-    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    has_key = allowed.any(dim=-1, keepdim=True)
+    p = torch.softmax(scores.masked_fill(~(allowed | ~has_key), float("-inf")), dim=-1)
+    return p * has_key.to(p.dtype)
 
 
 def kish_n_eff(sum_p_sq: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from bft_lightning.nn import functional as BF
-from bft_lightning.nn.attention import masked_softmax
+from bft_lightning.nn.functional import masked_softmax
 
 
 def test_delta_rule_matches_monte_carlo() -> None:

@@ -1,0 +1,130 @@
+"""Cost of BFT over the plain layer: parameters, forward+backward time, peak memory.
+
+For each shape, builds a 1-layer ``BFTEncoder`` with ``precision`` off and on
+(same weights), times forward + backward in interleaved repetitions (off, on,
+off, on, ...) and reports medians and the on/off ratios. Peak memory is
+``torch.cuda.max_memory_allocated`` on CUDA and the peak otherwise
+(PyTorch keeps no CPU allocator statistics) the bytes of activations saved for
+backward, which set a training step's memory.
+
+    OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py            # the three shapes
+    OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --off-impl reference
+
+``--off-impl sdpa`` (default) gives the off twin PyTorch's fused attention,
+which is what a user of ``nn.TransformerEncoderLayer`` gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+import torch
+
+from bft_lightning.nn import BFTEncoder, BFTEncoderLayer
+
+SHAPES = [(128, 50, 64, 2), (64, 200, 64, 2), (8, 1024, 256, 4)]
+
+
+def build(d: int, h: int, precision: str, impl: str, device: str) -> BFTEncoder:
+    layer = BFTEncoderLayer(d, h, 4 * d, dropout=0.1, activation="gelu", precision=precision,
+                            attention_impl=impl)  # fmt: skip
+    return BFTEncoder(layer, 1).to(device).train()
+
+
+def step(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor) -> None:
+    y = model(x, src_key_padding_mask=pad, is_causal=True)
+    y.square().mean().backward()  # type: ignore[union-attr]
+
+
+def timed(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    step(model, x, pad)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def peak_memory(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
+    """CUDA: peak bytes allocated during one step above the baseline. CPU (no
+    allocator statistics): bytes of the distinct storages saved for backward,
+    which is what sets the activation memory of training."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step(model, x, pad)
+        return float(torch.cuda.max_memory_allocated() - base)
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model(x, src_key_padding_mask=pad, is_causal=True)
+    y.square().mean().backward()  # type: ignore[union-attr]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return float(
+        sum(
+            n
+            for ptr, n in storages.items()
+            if ptr not in params and ptr != x.untyped_storage().data_ptr()
+        )
+    )
+
+
+def measure(shape: tuple[int, int, int, int], reps: int, off_impl: str, device: str) -> dict:
+    b, t, d, h = shape
+    torch.manual_seed(0)
+    models = {
+        "off": build(d, h, "off", off_impl, device),
+        "on": build(d, h, "on", "reference", device),
+    }
+    models["on"].load_state_dict(models["off"].state_dict(), strict=False)
+    x = torch.randn(b, t, d, device=device)
+    lengths = torch.randint(t // 4, t + 1, (b,), device=device)
+    pad = torch.arange(t, device=device).unsqueeze(0) >= lengths.unsqueeze(1)
+    for m in models.values():  # warm-up
+        step(m, x, pad)
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(reps):
+        for name, m in models.items():
+            m.zero_grad(set_to_none=True)
+            times[name].append(timed(m, x, pad, device))
+    mem = {name: peak_memory(m, x, pad, device) for name, m in models.items()}
+    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"shape": shape, "params": params, "time": med, "mem": mem}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--off-impl", default="sdpa", choices=["sdpa", "reference"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"device={args.device} threads={torch.get_num_threads()} off_impl={args.off_impl}")
+    print("| B, T, d, H | params off | params on | ms off | ms on | time on/off | "
+          "MB off | MB on | mem on/off |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in SHAPES:
+        r = measure(shape, args.reps, args.off_impl, args.device)
+        t, m, n = r["time"], r["mem"], r["params"]
+        print(
+            f"| {shape} | {n['off']:,} | {n['on']:,} | {1e3 * t['off']:.1f} | {1e3 * t['on']:.1f} "
+            f"| {t['on'] / t['off']:.2f} | {m['off'] / 2**20:.1f} | {m['on'] / 2**20:.1f} "
+            f"| {m['on'] / max(m['off'], 1):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

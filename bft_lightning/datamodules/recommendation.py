@@ -1,0 +1,308 @@
+"""``SequenceDataModule``: next-item recommendation data for LightningCLI.
+
+Batches are dicts of tensors; this interface is what the models and tasks use.
+
+Train (one row per user whose training part has >= 2 items; shuffled with ``seed``):
+    ``seq`` ``(B, max_len+1)`` long: the most recent ``max_len + 1`` items of the
+    user's training part, left-padded with 0. A model reads ``seq[:, :-1]`` and
+    predicts ``seq[:, 1:]`` (0 = no target), so every item after the first is a
+    target of the prefix before it. Longer training parts keep only their most
+    recent window (SASRec practice).
+    ``user`` ``(B,)`` long: 0-based user index over all users.
+    ``seq_time`` ``(B, max_len+1)`` long unix seconds, 0 at padding (only with timestamps).
+
+Validation / test (one row per user with >= 3 items; not shuffled):
+    ``input_ids`` ``(B, max_len)`` long: left-padded history before the target
+    (validation: ``items[:-2]``; test: ``items[:-1]``).
+    ``target`` ``(B,)`` long: ``items[-2]`` (validation) or ``items[-1]`` (test).
+    ``user`` ``(B,)`` long: 0-based row in the evaluation set (same for both).
+    ``history_len`` ``(B,)`` long: the full history length before truncation.
+    ``input_time`` ``(B, max_len)`` and ``target_time`` ``(B,)`` (only with timestamps).
+
+Users with fewer than 3 items train only and are never evaluated; see
+:mod:`.splits` for all split rules. Under DDP, Lightning's
+``DistributedSampler`` may repeat a few evaluation rows to even out ranks;
+the ``user`` index lets the ranking metric count every user exactly once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .cache import load_sequences
+from .readers import kcore_filter
+from .registry import resolve_dataset
+from .splits import LeaveOneOut, SequenceData, encode, eval_arrays, leave_one_out, train_arrays
+from .synthetic import SyntheticConfig, make_synthetic
+
+__all__ = ["ArrayDataset", "LengthBucketSampler", "SequenceDataModule", "collate_arrays"]
+
+Batch = dict[str, torch.Tensor]
+
+
+class LengthBucketSampler(Sampler[int]):
+    """Shuffled indices in which each run of ``batch_size`` has similar lengths.
+
+    Indices are shuffled, cut into pools of ``batch_size * pool_batches``, each
+    pool is sorted by length and cut into batches, and the batches are
+    shuffled. A batch then trims to its longest row (most histories are short,
+    so padding to ``max_len`` wastes most of the compute); every row is still
+    seen once an epoch. The order changes every epoch (``seed + epoch``).
+    """
+
+    def __init__(
+        self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50
+    ) -> None:
+        self.lengths, self.batch_size = np.asarray(lengths), batch_size
+        self.seed, self.pool, self.epoch = seed, batch_size * pool_batches, 0
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        rng = np.random.default_rng(self.seed + self.epoch)
+        self.epoch += 1
+        order = rng.permutation(len(self.lengths))
+        batches = []
+        for start in range(0, len(order), self.pool):
+            pool = order[start : start + self.pool]
+            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
+            batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
+        for b in rng.permutation(len(batches)):
+            yield from batches[b].tolist()
+
+
+class ArrayDataset(Dataset):
+    """Rows of pre-built, equally long numpy arrays.
+
+    ``__getitems__`` returns a whole batch by one fancy index per array, so the
+    DataLoader never loops over rows in Python.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+        self._len = len(next(iter(arrays.values())))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return {k: v[index] for k, v in self.arrays.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
+        idx = np.asarray(indices, dtype=np.int64)
+        return {k: v[idx] for k, v in self.arrays.items()}
+
+
+def collate_arrays(batch: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> Batch:
+    """Tensors from a batched dict (``__getitems__``) or a list of row dicts."""
+    if isinstance(batch, list):
+        batch = {k: np.stack([row[k] for row in batch]) for k in batch[0]}
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+
+
+class SequenceDataModule(L.LightningDataModule):
+    """Leave-one-out next-item data: synthetic, a shared dataset, or a file.
+
+    Args:
+        dataset: ``"synthetic"`` (built in, no files) or a dataset name: a folder
+            under ``data_root`` such as ``"amazon-beauty-s3rec"``, ``"ml-1m"``, or
+            ``"amazon2014-<Category>"``; file and format are looked up.
+        data_root: folder holding the dataset folders.
+        path: explicit interaction file; overrides ``dataset``.
+        format: reader for ``path``: ``"s3rec"``, ``"pairs"``, ``"json"``,
+            ``"recbole"``, ``"movielens"`` or ``"amazon"``; ``None`` sniffs it.
+        max_len: history length fed to the model (train rows hold ``max_len + 1``).
+        batch_size: training batch size.
+        eval_batch_size: validation / test batch size.
+        num_workers: DataLoader worker processes.
+        kcore: iterative user/item k-core applied after reading (0 = off).
+        cache_dir: folder for the processed ``.npz`` cache (``None`` = no cache).
+        download: fetch downloadable datasets (MovieLens-1M, Amazon 5-core) if missing.
+        seed: seed of the training shuffle.
+        bucket_by_length: batch training rows of similar length together (see
+            ``LengthBucketSampler``); False gives a plain shuffle.
+        synthetic_users: users of the synthetic dataset.
+        synthetic_items: items of the synthetic dataset.
+        synthetic_clusters: item clusters (user tastes) of the synthetic dataset.
+        synthetic_seed: seed of the synthetic dataset (independent of ``seed``).
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        data_root: str = "../shared/data",
+        path: str | None = None,
+        format: str | None = None,
+        max_len: int = 50,
+        batch_size: int = 256,
+        eval_batch_size: int = 512,
+        num_workers: int = 0,
+        kcore: int = 0,
+        cache_dir: str | None = None,
+        download: bool = False,
+        seed: int = 0,
+        bucket_by_length: bool = True,
+        synthetic_users: int = 2000,
+        synthetic_items: int = 500,
+        synthetic_clusters: int = 20,
+        synthetic_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if max_len < 1 or batch_size < 1 or eval_batch_size < 1 or num_workers < 0:
+            raise ValueError("need max_len, batch_size, eval_batch_size >= 1, num_workers >= 0")
+        self.save_hyperparameters()
+        self.dataset, self.data_root, self.path, self.format = dataset, data_root, path, format
+        self.max_len, self.batch_size, self.eval_batch_size = max_len, batch_size, eval_batch_size
+        self.num_workers, self.kcore, self.cache_dir = num_workers, kcore, cache_dir
+        self.download, self.seed, self.bucket_by_length = download, seed, bucket_by_length
+        self.synthetic = SyntheticConfig(
+            num_users=synthetic_users,
+            num_items=synthetic_items,
+            num_clusters=synthetic_clusters,
+            seed=synthetic_seed,
+        )
+        self._data: SequenceData | None = None
+        self._split: LeaveOneOut | None = None
+        self._datasets: dict[str, ArrayDataset] = {}
+
+    # ------------------------------------------------------------ loading
+
+    def _source(self) -> tuple[Path, str | None]:
+        """The interaction file and its format (``None`` = sniff)."""
+        if self.path is not None:
+            return Path(self.path), self.format
+        path, fmt = resolve_dataset(self.dataset, self.data_root, self.download)
+        return path, self.format or fmt
+
+    def _read(self) -> SequenceData:
+        """Build or read the remapped sequences."""
+        if self.path is None and self.dataset == "synthetic":
+            return encode(kcore_filter(make_synthetic(self.synthetic), self.kcore))
+        path, fmt = self._source()
+        return load_sequences(path, fmt, self.kcore, self.cache_dir)
+
+    def prepare_data(self) -> None:
+        """Download (if asked) and write the cache; Lightning runs this on one process."""
+        if self.path is None and self.dataset != "synthetic":
+            self._source()
+        if self.cache_dir is not None:
+            self._ensure()
+
+    def _ensure(self) -> tuple[SequenceData, LeaveOneOut]:
+        """Load data and split once (lazily; safe to call from properties)."""
+        if self._data is None or self._split is None:
+            self._data = self._read()
+            self._split = leave_one_out(self._data)
+            rank_zero_info(f"SequenceDataModule: {self.stats}")
+        return self._data, self._split
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the data (every process) and pre-build the padded arrays."""
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
+        for name in wanted.get(stage or "", ("train", "val", "test")):
+            self._dataset(name)
+
+    def _dataset(self, name: str) -> ArrayDataset:
+        """The ``train`` / ``val`` / ``test`` dataset, built on first use."""
+        if name not in self._datasets:
+            data, split = self._ensure()
+            if name == "train":
+                arrays = train_arrays(data, split, self.max_len)
+            else:
+                arrays = eval_arrays(data, split, self.max_len, name)
+            self._datasets[name] = ArrayDataset(arrays)
+        return self._datasets[name]
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def sequences(self) -> SequenceData:
+        """The remapped sequences (loads the data if needed)."""
+        return self._ensure()[0]
+
+    @property
+    def split(self) -> LeaveOneOut:
+        """The leave-one-out split (loads the data if needed)."""
+        return self._ensure()[1]
+
+    @property
+    def num_items(self) -> int:
+        """Number of items; ids run ``1..num_items`` and ``0`` is padding."""
+        return self.sequences.num_items
+
+    @property
+    def num_users(self) -> int:
+        """Number of users (training and evaluated)."""
+        return self.sequences.num_users
+
+    @property
+    def item_frequency(self) -> torch.Tensor:
+        """``(num_items+1,)`` long: item counts over the training parts; ``[0] == 0``."""
+        return torch.from_numpy(self.split.item_frequency.copy())
+
+    @property
+    def has_time(self) -> bool:
+        """Whether batches carry ``seq_time`` / ``input_time`` / ``target_time``."""
+        return self.sequences.times is not None
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts for logs: users, items, interactions, evaluated and short users."""
+        data, split = self._data, self._split
+        assert data is not None and split is not None
+        return {
+            "users": data.num_users,
+            "items": data.num_items,
+            "interactions": len(data.items),
+            "eval_users": len(split.eval_users),
+            "short_users": split.num_short_users,
+            "untrainable_users": split.num_untrainable_users,
+        }
+
+    # ------------------------------------------------------------ loaders
+
+    def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
+        """A DataLoader over a pre-built dataset with the stacking collate."""
+        kwargs: dict[str, Any] = {}
+        dataset = self._dataset(name)
+        if shuffle and self.bucket_by_length:
+            lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
+            kwargs["sampler"] = LengthBucketSampler(lengths, batch_size, self.seed)
+            shuffle = False
+        elif shuffle:
+            kwargs["generator"] = torch.Generator().manual_seed(self.seed)
+        workers = self.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=False,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=collate_arrays,
+            **kwargs,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training rows (``seq``, ``user``, optional ``seq_time``)."""
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation rows, in user order."""
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """Test rows, in user order."""
+        return self._loader("test", self.eval_batch_size, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test rows (history up to the last item), for ``predict``."""
+        return self._loader("test", self.eval_batch_size, shuffle=False)

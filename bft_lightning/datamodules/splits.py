@@ -1,0 +1,188 @@
+"""Id remapping, leave-one-out splits and left-padded batch arrays.
+
+Pipeline: :func:`encode` turns an :class:`~.readers.InteractionLog` into
+:class:`SequenceData` (flat ``int64`` arrays, items renumbered ``1..num_items``
+in order of first appearance, ``0`` = padding); :func:`leave_one_out` splits
+each user; :func:`train_arrays` / :func:`eval_arrays` build the padded arrays
+the DataModule serves.
+
+Leave-one-out rules (per user with ``n`` items ``i_0 .. i_{n-1}``):
+
+- ``n >= 3``: training part ``i_0 .. i_{n-3}``; validation predicts ``i_{n-2}``
+  from ``i_0 .. i_{n-3}``; test predicts ``i_{n-1}`` from ``i_0 .. i_{n-2}``.
+- ``n < 3`` ("short" users): all ``n`` items are training data, the user is
+  never evaluated. They are counted in ``LeaveOneOut.num_short_users``.
+- A training part of one item has no next-item target; such users add to
+  ``item_frequency`` but get no training row (counted in
+  ``LeaveOneOut.num_untrainable_users``).
+- ``item_frequency`` counts every item of every training part (not only the
+  served window); validation and test targets are never counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .readers import InteractionLog, RawId
+
+__all__ = [
+    "LeaveOneOut",
+    "SequenceData",
+    "encode",
+    "eval_arrays",
+    "leave_one_out",
+    "left_pad",
+    "train_arrays",
+]
+
+
+@dataclass(frozen=True)
+class SequenceData:
+    """Remapped interaction sequences as flat arrays.
+
+    Attributes:
+        items: ``(N,)`` int64 item ids in ``1..num_items``, users back to back.
+        offsets: ``(U+1,)`` int64; user ``u`` owns ``items[offsets[u]:offsets[u+1]]``.
+        times: ``(N,)`` int64 unix seconds aligned with ``items``, or ``None``.
+        num_items: number of distinct items (``0`` is padding, not counted).
+        user_ids: ``(U,)`` raw user ids as strings.
+        item_ids: ``(num_items+1,)`` raw item ids as strings, ``item_ids[0] == ""``.
+    """
+
+    items: np.ndarray
+    offsets: np.ndarray
+    times: np.ndarray | None
+    num_items: int
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+
+    @property
+    def num_users(self) -> int:
+        """Number of users."""
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``(U,)`` sequence length per user."""
+        return np.diff(self.offsets)
+
+
+def encode(log: InteractionLog) -> SequenceData:
+    """Renumber items ``1..num_items`` in order of first appearance.
+
+    Users are scanned in log order and items in sequence order, so the first
+    item of the first user becomes ``1``. Users keep their log order.
+    """
+    codes: dict[RawId, int] = {}
+    flat = [codes.setdefault(i, len(codes) + 1) for seq in log.sequences for i in seq]
+    lengths = np.array([len(s) for s in log.sequences], dtype=np.int64)
+    times = None
+    if log.timestamps is not None:
+        times = np.array([t for ts in log.timestamps for t in ts], dtype=np.int64)
+    return SequenceData(
+        items=np.array(flat, dtype=np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        times=times,
+        num_items=len(codes),
+        user_ids=np.array([str(u) for u in log.users]),
+        item_ids=np.array([""] + [str(i) for i in codes]),
+    )
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """Per-user boundaries of the leave-one-out split (indices into ``items``).
+
+    Attributes:
+        train_start: ``(U,)`` first index of each user's training part.
+        train_end: ``(U,)`` one past its last index.
+        eval_users: ``(E,)`` users with >= 3 items, in user order; row ``r`` of
+            the validation and test sets is user ``eval_users[r]``.
+        item_frequency: ``(num_items+1,)`` int64 training counts; ``[0] == 0``.
+        num_short_users: users with fewer than 3 items (training only).
+        num_untrainable_users: users whose training part has < 2 items.
+    """
+
+    train_start: np.ndarray
+    train_end: np.ndarray
+    eval_users: np.ndarray
+    item_frequency: np.ndarray
+    num_short_users: int
+    num_untrainable_users: int
+
+
+def leave_one_out(data: SequenceData) -> LeaveOneOut:
+    """Split every user: last item = test, second-last = validation, rest = train."""
+    start, lengths = data.offsets[:-1], data.lengths
+    short = lengths < 3
+    end = np.where(short, data.offsets[1:], data.offsets[1:] - 2)
+    in_train = np.zeros(len(data.items) + 1, dtype=np.int64)
+    np.add.at(in_train, start, 1)
+    np.add.at(in_train, end, -1)
+    mask = np.cumsum(in_train)[:-1] > 0
+    freq = np.bincount(data.items[mask], minlength=data.num_items + 1).astype(np.int64)
+    return LeaveOneOut(
+        train_start=start.copy(),
+        train_end=end,
+        eval_users=np.flatnonzero(~short),
+        item_frequency=freq,
+        num_short_users=int(short.sum()),
+        num_untrainable_users=int(((end - start) < 2).sum()),
+    )
+
+
+def left_pad(values: np.ndarray, start: np.ndarray, end: np.ndarray, width: int) -> np.ndarray:
+    """Rows ``values[max(start, end-width):end]`` right-aligned in ``width`` columns.
+
+    Vectorised over rows; positions before ``start`` are ``0`` (left padding),
+    so a row longer than ``width`` keeps its most recent ``width`` values.
+    Returns ``(R, width)`` int64.
+    """
+    idx = end[:, None] - width + np.arange(width)[None, :]  # (R, width)
+    valid = idx >= start[:, None]
+    return np.where(valid, values[np.clip(idx, 0, max(len(values) - 1, 0))], 0).astype(np.int64)
+
+
+def train_arrays(data: SequenceData, split: LeaveOneOut, max_len: int) -> dict[str, np.ndarray]:
+    """Training rows: ``seq`` ``(R, max_len+1)``, ``user`` ``(R,)``, ``seq_time``.
+
+    One row per user whose training part has >= 2 items: its most recent
+    ``max_len + 1`` training items, left-padded with 0. ``user`` is the 0-based
+    user index in ``data``. ``seq_time`` (0 at padding) only with timestamps.
+    """
+    users = np.flatnonzero(split.train_end - split.train_start >= 2)
+    start, end = split.train_start[users], split.train_end[users]
+    out = {"seq": left_pad(data.items, start, end, max_len + 1), "user": users.astype(np.int64)}
+    if data.times is not None:
+        out["seq_time"] = left_pad(data.times, start, end, max_len + 1)
+    return out
+
+
+def eval_arrays(
+    data: SequenceData, split: LeaveOneOut, max_len: int, stage: str
+) -> dict[str, np.ndarray]:
+    """Validation or test rows for the users in ``split.eval_users``.
+
+    ``stage="val"``: history ``items[:-2]``, target ``items[-2]``;
+    ``stage="test"``: history ``items[:-1]``, target ``items[-1]``. Keys:
+    ``input_ids (E, max_len)`` left-padded, ``target (E,)``, ``user (E,)`` (row
+    index in the eval set), ``history_len (E,)`` (untruncated), and with
+    timestamps ``input_time (E, max_len)`` and ``target_time (E,)``.
+    """
+    if stage not in ("val", "test"):
+        raise ValueError(f"stage must be 'val' or 'test', got {stage!r}")
+    users = split.eval_users
+    start = data.offsets[users]
+    target_pos = data.offsets[users + 1] - (2 if stage == "val" else 1)
+    out = {
+        "input_ids": left_pad(data.items, start, target_pos, max_len),
+        "target": data.items[target_pos],
+        "user": np.arange(len(users), dtype=np.int64),
+        "history_len": (target_pos - start).astype(np.int64),
+    }
+    if data.times is not None:
+        out["input_time"] = left_pad(data.times, start, target_pos, max_len)
+        out["target_time"] = data.times[target_pos]
+    return out

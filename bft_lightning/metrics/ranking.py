@@ -1,0 +1,360 @@
+"""Full-ranking metrics for next-item recommendation: HR@k, NDCG@k, MRR, by stratum.
+
+Rank and tie rule
+-----------------
+Item 0 is padding. The 0-based rank of the target ``t`` for one user is
+
+    rank = #{ j : j != 0, j != t, j not excluded, s_j >= s_t }
+
+i.e. ties are PESSIMISTIC: every other item scoring at least as high as the
+target counts above it. A model that scores all N - 1 real items equally gets
+``rank = N - 2`` and HR@k = 0 (for k < N - 1). NaN scores raise ``ValueError``.
+Low-precision scores (fp16/bf16) tie more often and so rank lower: compute
+evaluation scores in float32.
+
+Per-user values (rank ``r``)
+----------------------------
+    HR@k   = 1[r < k]
+    NDCG@k = 1[r < k] / log2(r + 2)       (one relevant item, so IDCG = 1)
+    MRR    = 1 / (r + 1)                  (full, NOT truncated at any k)
+
+Key scheme of ``RankingMetric.compute()`` (a flat ``dict[str, float]``)
+-----------------------------------------------------------------------
+    "hr@{k}", "ndcg@{k}"  for k in ``ks``;  "mrr";  "n" (users counted)
+    "gain"                mean of the per-user scalar (e.g. Kalman gain K),
+                          only when some user was given one
+    "item_q{j}/<name>"    the same names over users whose TARGET item is in
+                          popularity quartile j (0 = rarest .. 3), see strata.py
+    "user_b{j}/<name>"    over users in history-length bucket j (0 = cold)
+
+Every stratum is always reported; an empty one has ``n = 0`` and NaN means.
+Means are over users: ``hr@10 = sum_u HR@10(u) / n``.
+
+DDP exactness
+-------------
+States are per-user tensors of length ``num_users`` (rank, target, history
+length, gain), initialised to -1 / -inf and combined with ``max`` both inside
+a process (``scatter_reduce(amax)``) and across processes (torchmetrics
+``dist_reduce_fx="max"``). A user repeated by ``DistributedSampler`` padding
+writes the same values twice, so it is counted once and 1 process equals N
+processes exactly. Memory: 4 x 8 bytes per evaluation user.
+
+Top-k path
+----------
+``faiss_topk`` (exact ``IndexFlatIP``) and ``torch_topk_chunked`` return the
+top-k item ids per user with padding excluded; ``ranks_from_topk`` turns them
+into ranks clipped at k, which give the same HR/NDCG@k' (k' <= k) as the full
+path on tie-free scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from bft_lightning.metrics.strata import (
+    NUM_STRATA,
+    assign_item_stratum,
+    assign_user_bucket,
+    history_buckets,
+    popularity_quartiles,
+)
+
+DEFAULT_KS: tuple[int, ...] = (1, 5, 10, 20)
+
+
+# ----------------------------------------------------------------------------- ranks
+def _check_rank_inputs(scores: Tensor, target: Tensor, exclude: Tensor | None) -> None:
+    if scores.ndim != 2 or target.shape != scores.shape[:1]:
+        raise ValueError(
+            f"scores (B, N) and target (B,) expected, got {scores.shape}, {target.shape}"
+        )
+    if torch.isnan(scores).any():
+        raise ValueError("scores contain NaN; ranks are undefined (check the model output)")
+    if target.numel() and (target.min() < 1 or target.max() >= scores.shape[1]):
+        raise ValueError(f"target ids must be in 1..{scores.shape[1] - 1} (0 is padding)")
+    if exclude is not None and exclude.shape != scores.shape:
+        raise ValueError(f"exclude must have the shape of scores {tuple(scores.shape)}")
+
+
+def target_ranks(scores: Tensor, target: Tensor, exclude: Tensor | None = None) -> Tensor:
+    """0-based pessimistic rank of each target among all real items.
+
+    ``rank_b = #{j : j != 0, j != t_b, not exclude[b, j], s_bj >= s_bt}``. Column 0
+    (padding) never counts; ``exclude`` (B, N) bool (e.g. the user's history)
+    removes items from the count, except the target itself.
+
+    Args:
+        scores: (B, N) float, N = num_items + 1 (column 0 = padding). No NaN.
+        target: (B,) long, ids in ``1..N-1``.
+        exclude: optional (B, N) bool.
+    Returns:
+        (B,) long ranks in ``0..N-2``.
+    """
+    _check_rank_inputs(scores, target, exclude)
+    t_idx = target.long()[:, None]  # (B, 1)
+    above = scores >= scores.gather(1, t_idx)  # (B, N) ties count above (pessimistic)
+    above[:, 0] = False  # padding
+    if exclude is not None:
+        above &= ~exclude.bool()
+    above.scatter_(1, t_idx, False)  # the target is not above itself
+    return above.sum(1)  # (B,)
+
+
+def hr_ndcg_mrr(ranks: Tensor, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Tensor]:
+    """Per-user HR@k, NDCG@k (k in ``ks``) and full MRR from 0-based ranks (U,).
+
+    ``HR@k = 1[r < k]``, ``NDCG@k = 1[r < k] / log2(r + 2)``, ``MRR = 1 / (r + 1)``.
+    Returns float64 tensors (U,) keyed ``"hr@k"``, ``"ndcg@k"``, ``"mrr"``.
+    """
+    r = ranks.double()  # (U,)
+    out: dict[str, Tensor] = {}
+    for k in ks:
+        hit = r < k
+        out[f"hr@{k}"] = hit.double()
+        out[f"ndcg@{k}"] = torch.where(hit, 1.0 / torch.log2(r + 2.0), torch.zeros_like(r))
+    out["mrr"] = 1.0 / (r + 1.0)
+    return out
+
+
+# ----------------------------------------------------------------------------- summaries
+def _masked_means(values: dict[str, Tensor], gain: Tensor, mask: Tensor, prefix: str) -> dict:
+    """Means of per-user ``values`` over ``mask``; NaN when the stratum is empty."""
+    n = int(mask.sum())
+    out = {
+        f"{prefix}{name}": float(v[mask].sum() / n) if n else math.nan for name, v in values.items()
+    }
+    out[f"{prefix}n"] = float(n)
+    if gain.numel():  # gain given: users without one hold -inf and are skipped
+        g = gain[mask & (gain > -math.inf)]
+        out[f"{prefix}gain"] = float(g.mean()) if g.numel() else math.nan
+    return out
+
+
+def summarise_ranks(
+    ranks: Tensor,
+    ks: Sequence[int] = DEFAULT_KS,
+    item_stratum: Tensor | None = None,
+    user_bucket: Tensor | None = None,
+    gain: Tensor | None = None,
+) -> dict[str, float]:
+    """Flat metric dict (module docstring key scheme) from per-user ranks (U,).
+
+    ``item_stratum`` / ``user_bucket`` (U,) long in 0..3 add ``item_q{j}/`` and
+    ``user_b{j}/`` entries; ``gain`` (U,) float (-inf = none) adds ``gain``.
+    """
+    values = hr_ndcg_mrr(ranks, ks)  # each (U,)
+    g = gain.double() if gain is not None else torch.empty(0, dtype=torch.float64)
+    everyone = torch.ones_like(ranks, dtype=torch.bool)
+    out = _masked_means(values, g, everyone, "")
+    for name, stratum in (("item_q", item_stratum), ("user_b", user_bucket)):
+        if stratum is None:
+            continue
+        for j in range(NUM_STRATA):
+            out.update(_masked_means(values, g, stratum == j, f"{name}{j}/"))
+    return out
+
+
+# ----------------------------------------------------------------------------- metric
+class RankingMetric(Metric):
+    """DDP-exact full-ranking HR/NDCG/MRR, overall and per item / user stratum.
+
+    Args:
+        num_users: number of evaluation users; ``user`` ids in ``update`` are in
+            ``0..num_users-1`` (a dataset index, so sampler padding duplicates share it).
+        item_frequency: (num_items + 1,) training counts; enables ``item_q{j}/`` keys.
+        item_boundaries: (3,) popularity cut points; default ``popularity_quartiles``.
+        user_boundaries: (3,) history-length cut points. Default: computed at
+            ``compute()`` from the history lengths of all users seen (i.e. the whole
+            evaluation set, identical on every rank). Enables ``user_b{j}/`` keys
+            whenever ``history_len`` is passed to ``update``.
+        ks: cut-offs for HR@k and NDCG@k.
+
+    Each evaluation user is one sample (its last item as target). A user id seen
+    twice must carry the same data (sampler padding does); otherwise each state
+    keeps its maximum. Call ``reset()`` between evaluations.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    rank: Tensor  # (num_users,) states, see the module docstring
+    target: Tensor
+    history_len: Tensor
+    gain: Tensor
+    item_frequency: Tensor | None  # non-persistent buffers
+    item_boundaries: Tensor | None
+    user_boundaries: Tensor | None
+
+    def __init__(
+        self,
+        num_users: int,
+        item_frequency: Tensor | None = None,
+        item_boundaries: Tensor | None = None,
+        user_boundaries: Tensor | None = None,
+        ks: Sequence[int] = DEFAULT_KS,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_users = int(num_users)
+        self.ks = tuple(int(k) for k in ks)
+        if item_frequency is not None and item_boundaries is None:
+            item_boundaries = popularity_quartiles(item_frequency)
+        self.register_buffer("item_frequency", item_frequency, persistent=False)
+        self.register_buffer("item_boundaries", item_boundaries, persistent=False)
+        self.register_buffer("user_boundaries", user_boundaries, persistent=False)
+        for name, fill, dtype in (
+            ("rank", -1, torch.long),
+            ("target", -1, torch.long),
+            ("history_len", -1, torch.long),
+            ("gain", -math.inf, torch.float64),
+        ):
+            self.add_state(name, torch.full((self.num_users,), fill, dtype=dtype), "max")
+
+    def _put(self, state: str, user: Tensor, value: Tensor) -> None:
+        """state[user] = max(state[user], value), duplicates included."""
+        buf = getattr(self, state)
+        buf.scatter_reduce_(0, user, value.detach().to(buf.dtype), reduce="amax")
+
+    def update(
+        self,
+        scores: Tensor,
+        target: Tensor,
+        user: Tensor,
+        history_len: Tensor | None = None,
+        gain: Tensor | None = None,
+        exclude: Tensor | None = None,
+    ) -> None:
+        """Add a batch: scores (B, N), target (B,), user (B,) ids, history_len (B,), gain (B,).
+
+        ``exclude`` (B, N) bool optionally masks items out of the ranking (see
+        :func:`target_ranks`).
+        """
+        user = user.long()
+        if user.numel() and (user.min() < 0 or user.max() >= self.num_users):
+            raise ValueError(f"user ids must be in 0..{self.num_users - 1}")
+        self._put("rank", user, target_ranks(scores.detach(), target, exclude))
+        self._put("target", user, target.long())
+        if history_len is not None:
+            self._put("history_len", user, history_len.long())
+        if gain is not None:
+            if torch.isnan(gain).any():
+                raise ValueError("gain contains NaN")
+            self._put("gain", user, gain.reshape(-1))
+
+    def compute(self) -> dict[str, float]:  # type: ignore[override]
+        """Flat ``dict[str, float]``; see the module docstring for the keys."""
+        seen = self.rank >= 0  # (num_users,)
+        ranks, target, hist, gain = (
+            t[seen] for t in (self.rank, self.target, self.history_len, self.gain)
+        )
+        return summarise_ranks(
+            ranks,
+            self.ks,
+            item_stratum=self._item_stratum(target),
+            user_bucket=self._user_bucket(hist),
+            gain=gain if bool((gain > -math.inf).any()) else None,
+        )
+
+    def _item_stratum(self, target: Tensor) -> Tensor | None:
+        if self.item_frequency is None or self.item_boundaries is None:
+            return None
+        return assign_item_stratum(target, self.item_frequency, self.item_boundaries)
+
+    def _user_bucket(self, hist: Tensor) -> Tensor | None:
+        if hist.numel() == 0 or bool((hist < 0).any()):
+            return None  # history lengths were not given for every user
+        bounds = self.user_boundaries
+        return assign_user_bucket(hist, bounds if bounds is not None else history_buckets(hist))
+
+
+# ----------------------------------------------------------------------------- top-k paths
+def _as_f32(x: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
+
+
+def _real_items(item_vecs: Tensor, k: int, exclude_padding: bool) -> tuple[Tensor, int]:
+    offset = 1 if exclude_padding else 0
+    items = item_vecs[offset:]  # (N', d)
+    if not 1 <= k <= items.shape[0]:
+        raise ValueError(f"k must be in 1..{items.shape[0]}, got {k}")
+    return items, offset
+
+
+def faiss_topk(
+    user_vecs: Tensor, item_vecs: Tensor, k: int, exclude_padding: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Exact inner-product top-k with faiss ``IndexFlatIP``.
+
+    ``s_ui = <user_u, item_i>``; row 0 of ``item_vecs`` (padding) is left out
+    unless ``exclude_padding=False``. Returns scores (U, k) float32 and item ids
+    (U, k) long, best first. Thread count: ``faiss.omp_set_num_threads``.
+    """
+    import faiss  # local import: only this path needs it
+
+    items, offset = _real_items(item_vecs, k, exclude_padding)
+    index = faiss.IndexFlatIP(items.shape[1])
+    index.add(_as_f32(items))
+    scores, ids = index.search(_as_f32(user_vecs), k)  # (U, k) each
+    return torch.from_numpy(scores), torch.from_numpy(ids).long() + offset
+
+
+def torch_topk_chunked(
+    user_vecs: Tensor,
+    item_vecs: Tensor,
+    k: int,
+    chunk: int = 4096,
+    exclude_padding: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Inner-product top-k in user chunks: peak memory ``chunk x N`` scores.
+
+    Same contract as :func:`faiss_topk`; scores have the dtype of the inputs.
+    """
+    items, offset = _real_items(item_vecs, k, exclude_padding)
+    vals, ids = [], []
+    for u in user_vecs.split(chunk):  # (c, d)
+        v, i = (u @ items.T).topk(k, dim=1)  # (c, k)
+        vals.append(v)
+        ids.append(i + offset)
+    return torch.cat(vals), torch.cat(ids)
+
+
+def chunked_target_ranks(
+    user_vecs: Tensor, item_vecs: Tensor, target: Tensor, chunk: int = 4096
+) -> Tensor:
+    """Full pessimistic ranks (U,) of ``target`` (U,) for dot-product scores, in user chunks.
+
+    Equals ``target_ranks(user_vecs @ item_vecs.T, target)`` without holding U x N scores.
+    """
+    parts = [
+        target_ranks(u @ item_vecs.T, t)  # (c,)
+        for u, t in zip(user_vecs.split(chunk), target.split(chunk))
+    ]
+    return torch.cat(parts)
+
+
+def ranks_from_topk(ids: Tensor, target: Tensor) -> Tensor:
+    """Rank of ``target`` (U,) within top-k ``ids`` (U, k): its position, or k if absent.
+
+    Ranks are clipped at k, so they are exact for HR/NDCG@k' with k' <= k only
+    (MRR from them would be truncated).
+    """
+    k = ids.shape[1]
+    match = ids == target[:, None]  # (U, k)
+    pos = match.int().argmax(1)  # first match; 0 when none
+    return torch.where(match.any(1), pos, torch.full_like(pos, k)).long()
+
+
+def topk_metrics(ids: Tensor, target: Tensor, ks: Sequence[int] = (10,)) -> dict[str, Tensor]:
+    """Per-user ``hr@k`` / ``ndcg@k`` (k in ``ks``, each <= ids.shape[1]) from top-k ids."""
+    if max(ks) > ids.shape[1]:
+        raise ValueError(f"ks {tuple(ks)} exceed the retrieved k = {ids.shape[1]}")
+    per_user = hr_ndcg_mrr(ranks_from_topk(ids, target), ks)
+    del per_user["mrr"]  # truncated at k: not the full MRR
+    return per_user

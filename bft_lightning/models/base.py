@@ -1,0 +1,226 @@
+"""What every sequential recommender shares: item embeddings, the layer-0
+precision prior, a BFT encoder and the dot-product head.
+
+A backbone says how a training batch becomes inputs and labels
+(``train_view``), how an evaluation history becomes inputs (``eval_view``),
+and builds its own encoder (``build_encoder``). Batches follow the
+``SequenceDataModule`` contract: train ``{"seq": (B, L + 1)}``, eval
+``{"input_ids": (B, L)}``, item ids left-padded with 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
+from bft_lightning.nn.prior import PRIOR_INITS
+
+PRIOR_KINDS = ("table", "mlp")
+HEADS = ("dot", "precision")
+
+
+class SequentialRecommender(nn.Module):
+    """Base class of SASRec, BERT4Rec and HSTU.
+
+    Args:
+        num_items: number of items (ids 1..num_items; 0 is padding).
+        max_len: the longest history the model reads.
+        d_model: width ``d``.
+        nhead: attention heads.
+        num_layers: encoder layers.
+        dim_feedforward: FFN width.
+        dropout: dropout rate (embeddings, attention, FFN).
+        precision: ``"on"`` (BFT) or ``"off"`` (the plain backbone).
+        groups: precision groups ``G`` (divisor of ``d``); None means ``nhead``.
+        prior: layer-0 precision prior, ``"table"`` (per item) or ``"mlp"``.
+        prior_init: ``"constant"`` or ``"frequency"`` (table prior only).
+        prior_scale: ``c``; None matches the input scale, ``1 / mean Var(h0)``.
+        prior_width: 1 (one tau per item) or ``G``.
+        q_init: initial process noise ``Q0``.
+        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
+        head: ``"dot"`` (item dot product) or ``"precision"`` (the final
+            precision sets a per-user temperature of the scores, so the last
+            layer's ``Q`` is trained too).
+    """
+
+    causal: ClassVar[bool] = True
+    extra_tokens: ClassVar[int] = 0  # ids after num_items (e.g. BERT4Rec's mask)
+
+    def __init__(
+        self,
+        num_items: int,
+        max_len: int = 50,
+        d_model: int = 64,
+        nhead: int = 2,
+        num_layers: int = 2,
+        dim_feedforward: int = 256,
+        dropout: float = 0.2,
+        precision: str = "off",
+        groups: int | None = None,
+        prior: str = "table",
+        prior_init: str = "constant",
+        prior_scale: float | None = None,
+        prior_width: int = 1,
+        q_init: float = 0.01,
+        attention_gate: str | None = None,
+        head: str = "dot",
+    ) -> None:
+        super().__init__()
+        _check_options(num_items, max_len, prior, prior_init, head)
+        self.num_items, self.max_len, self.d_model = num_items, max_len, d_model
+        self.precision, self.head, self.prior_init = precision, head, prior_init
+        self.groups = nhead if groups is None else groups
+        self.item_emb = nn.Embedding(num_items + 1 + self.extra_tokens, d_model, padding_idx=0)
+        self.pos_emb = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.item_emb.weight, std=0.02)
+        nn.init.normal_(self.pos_emb.weight, std=0.02)
+        with torch.no_grad():
+            self.item_emb.weight[0].zero_()
+        self.emb_dropout = nn.Dropout(dropout)
+        layer_opts = dict(
+            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+            precision=precision, groups=groups, q_init=q_init, attention_gate=attention_gate,
+        )  # fmt: skip
+        self.encoder = self.build_encoder(layer_opts, num_layers)
+        self.final_norm = nn.LayerNorm(d_model)
+        self.prior: PrecisionPrior | MLPPrecisionPrior | None = None
+        if precision == "on":
+            scale = prior_scale if prior_scale is not None else self.input_scale()
+            width = self.groups if prior_width != 1 else 1
+            if prior == "table":
+                self.prior = PrecisionPrior(self.item_emb.num_embeddings, width, "constant", scale)
+            else:
+                self.prior = MLPPrecisionPrior(d_model, width, scale=scale)
+            if head == "dot":  # the last layer's precision feeds nothing: no Q there
+                self._last_layer().predict_noise = False
+        if head == "precision":
+            self.temperature = nn.Linear(self.groups, 1)
+            nn.init.zeros_(self.temperature.weight)
+            nn.init.zeros_(self.temperature.bias)
+
+    # -- construction -----------------------------------------------------------------
+    def build_encoder(self, layer_opts: dict, num_layers: int) -> nn.Module:
+        """The encoder stack; HSTU overrides this."""
+        return BFTEncoder(BFTEncoderLayer(activation="gelu", **layer_opts), num_layers)
+
+    def _last_layer(self) -> Any:
+        return list(self.encoder.layers)[-1]  # type: ignore[union-attr, arg-type]
+
+    def embedding_scale(self) -> float:
+        """Multiplier of the item embedding (SASRec: sqrt(d))."""
+        return 1.0
+
+    @torch.no_grad()
+    def input_scale(self) -> float:
+        """``c = 1 / mean Var(h0)`` at initialisation: precision matched to the input scale."""
+        items = self.item_emb.weight[1 : self.num_items + 1] * self.embedding_scale()
+        var = items.var(dim=-1, unbiased=False).mean() + self.pos_emb.weight.var(-1).mean()
+        return float(1.0 / var.clamp_min(1e-12))
+
+    @torch.no_grad()
+    def init_prior_from_frequency(self, item_frequency: Tensor) -> None:
+        """Apply ``prior_init="frequency"`` once the data's item counts are known."""
+        if not isinstance(self.prior, PrecisionPrior) or self.prior_init != "frequency":
+            return
+        counts = torch.zeros(self.prior.log_tau.num_embeddings)
+        n = min(len(item_frequency), len(counts))
+        counts[:n] = item_frequency[:n].float()
+        scale = math.exp(self.prior.log_tau.weight[1:].mean().item())
+        self.prior.reset("frequency", scale, counts)
+
+    # -- views of a batch ---------------------------------------------------------------
+    def train_view(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(input ids (B, L), labels (B, L) with 0 = no loss, timestamps or None)."""
+        seq = batch["seq"]
+        times = batch.get("seq_time")
+        inputs = seq[:, :-1]
+        labels = seq[:, 1:] * (inputs != 0)  # no target for a position whose input is padding
+        return inputs, labels, None if times is None else times[:, :-1]
+
+    def eval_view(self, input_ids: Tensor) -> Tensor:
+        """Input ids whose last position predicts the next item."""
+        return input_ids
+
+    # -- forward ------------------------------------------------------------------------
+    def embed(self, ids: Tensor) -> Tensor:
+        """(B, L) ids -> (B, L, d) layer-0 state ``h0``."""
+        pos = torch.arange(ids.shape[1], device=ids.device) + (self.max_len - ids.shape[1])
+        h = self.item_emb(ids) * self.embedding_scale() + self.pos_emb(pos.clamp_min(0))
+        return self.emb_dropout(h) * (ids != 0).unsqueeze(-1)
+
+    def layer0_precision(self, ids: Tensor) -> Tensor | None:
+        """(B, L, width) layer-0 ``log tau``, -inf at padding; None in off mode."""
+        if self.prior is None:
+            return None
+        if isinstance(self.prior, MLPPrecisionPrior):
+            return self.prior(self.item_emb(ids).detach(), ids != 0)
+        return self.prior(ids)
+
+    def encode(self, ids: Tensor, times: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """(B, L) ids -> hidden states (B, L, d) and final log-precision (B, L, G) or None."""
+        h, lp = self.encoder(
+            self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
+            log_precision=self.layer0_precision(ids), return_precision=True,
+        )  # fmt: skip
+        return self.final_norm(h), lp
+
+    def item_weights(self) -> Tensor:
+        """(num_items + 1, d) output embeddings; row 0 (padding) is never a candidate."""
+        return self.item_emb.weight[: self.num_items + 1]
+
+    def output_transform(self, hidden: Tensor) -> Tensor:
+        """Head transform before the dot product (identity; BERT4Rec has its own)."""
+        return hidden
+
+    def output_bias(self, items: Tensor | None) -> Tensor | float:
+        """Per-item output bias (none by default)."""
+        return 0.0
+
+    def score(
+        self, hidden: Tensor, log_prec: Tensor | None = None, items: Tensor | None = None
+    ) -> Tensor:
+        """Scores of items for each state.
+
+        hidden: (N, d); log_prec: (N, G) final precision or None; items: (N, k)
+        candidate ids, or None for all items, giving (N, num_items + 1) with
+        column 0 (padding) at -inf.
+        """
+        h = self.output_transform(hidden)
+        if items is None:
+            logits = h @ self.item_weights().t()
+        else:
+            logits = (self.item_emb(items) * h.unsqueeze(-2)).sum(-1)  # (N, k)
+        logits = logits + self.output_bias(items)
+        if self.head == "precision" and log_prec is not None:
+            lp = torch.nan_to_num(log_prec.float(), neginf=0.0)
+            logits = logits * torch.exp(self.temperature(lp)).to(logits.dtype)
+        if items is None:
+            logits[..., 0] = float("-inf")
+        return logits
+
+    def last_hidden(
+        self, input_ids: Tensor, times: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Evaluation: the state that predicts the next item, (B, d), and its log-precision."""
+        ids = self.eval_view(input_ids)
+        if times is not None and times.shape != ids.shape:  # a mask token was appended
+            times = torch.cat([times[:, -(ids.shape[1] - 1) :], times[:, -1:]], dim=1)
+        h, lp = self.encode(ids, times)
+        return h[:, -1], None if lp is None else lp[:, -1]
+
+
+def _check_options(num_items: int, max_len: int, prior: str, prior_init: str, head: str) -> None:
+    if num_items < 1:
+        raise ValueError(f"num_items must be >= 1, got {num_items}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if prior not in PRIOR_KINDS:
+        raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {prior!r}")
+    if prior_init not in PRIOR_INITS:
+        raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {prior_init!r}")
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}")

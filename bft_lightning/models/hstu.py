@@ -1,0 +1,70 @@
+"""HSTU (Zhai et al., 2024, "Actions speak louder than words") as a sequential recommender.
+
+Causal HSTU layers (pointwise SiLU attention with a relative position and
+time bias, a U gate, one residual, no FFN; see ``bft_lightning.nn.hstu``)
+over item embeddings scaled by ``sqrt(d)`` plus learned positions, as the
+reference's input preprocessor does. Every position predicts the next item.
+Timestamps, when the batch has them (``seq_time`` in training, ``input_time``
+in evaluation), feed the time-bucket bias of every layer. The head is the
+shared one (final LayerNorm, dot product with the item embeddings); the
+reference L2-normalises instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from bft_lightning.models.base import SequentialRecommender
+from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer
+
+
+class HSTU(SequentialRecommender):
+    """HSTU with BFT layers (``precision="on"``) or plain HSTU layers (``"off"``).
+
+    Args:
+        linear_dim: ``d_v`` per head (U and V); None means ``d_model / nhead``.
+        attention_dim: ``d_qk`` per head (Q and K); None means ``d_model / nhead``.
+        num_buckets: time buckets of the relative attention bias.
+        **kwargs: see ``SequentialRecommender``; ``dim_feedforward`` is unused
+            (HSTU has no FFN) and ``attention_gate`` must be None (U is the gate).
+    """
+
+    causal = True
+
+    def __init__(
+        self,
+        num_items: int,
+        max_len: int = 50,
+        linear_dim: int | None = None,
+        attention_dim: int | None = None,
+        num_buckets: int = 128,
+        **kwargs,
+    ) -> None:
+        # read by build_encoder, which the base constructor calls
+        self.linear_dim, self.attention_dim = linear_dim, attention_dim
+        self.num_buckets = num_buckets
+        super().__init__(num_items, max_len, **kwargs)
+
+    def build_encoder(self, layer_opts: dict, num_layers: int) -> nn.Module:
+        opts = dict(layer_opts)
+        opts.pop("dim_feedforward", None)
+        if opts.pop("attention_gate", None) is not None:
+            raise ValueError("HSTU takes no attention_gate: its U projection is the gate")
+        layer = HSTULayer(
+            max_len=self.max_len, linear_dim=self.linear_dim, attention_dim=self.attention_dim,
+            num_buckets=self.num_buckets, **opts,
+        )  # fmt: skip
+        return HSTUEncoder(layer, num_layers)
+
+    def embedding_scale(self) -> float:
+        return math.sqrt(self.d_model)
+
+    def encode(self, ids: Tensor, times: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """(B, L) ids and timestamps (or None) -> states (B, L, d), log lambda (B, L, G) or None."""
+        h, lp = self.encoder(
+            self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
+            log_precision=self.layer0_precision(ids), timestamps=times, return_precision=True,
+        )  # fmt: skip
+        return self.final_norm(h), lp

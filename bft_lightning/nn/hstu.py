@@ -1,0 +1,380 @@
+"""HSTU layer and stack (Zhai et al. 2024, "Actions speak louder than words"), run as a BFT filter.
+
+Plain HSTU (``precision="off"``), per layer, multi-head, causal by default:
+
+    x = LN(h)                                   (no affine, eps 1e-6, as the reference)
+    U, V, Q, K = split(SiLU(f1(x)))             f1: d -> H (2 d_v + 2 d_qk), no bias
+    w[t, j] = SiLU(q_t . k_j + rab[t, j]) / N   over the keys t may see, 0 elsewhere
+    A_t = sum_j w[t, j] v_j                     (per head)
+    h' = h + f2(dropout(LN(A) * U))             LN over all H d_v channels; no FFN
+
+``N = max_len``, a constant of the layer (the reference divides by its padded
+length ``max_sequence_len + 1``, also a constant), so a padded batch gives the
+same output as the unpadded one. ``rab`` is a learned bias on the offset
+``j - t`` plus, when timestamps are given, a learned bias on the bucket
+``floor(ln(max(|ts_t - ts_j|, 1)) / 0.301)`` (clamped to ``num_buckets``). The
+reference buckets ``ts_{t+1} - ts_j`` (the query's next action); we use the
+query's own time, so the target's timestamp is never an input. The position
+term is always on (the reference adds ``rab`` only when it has timestamps).
+
+BFT (``precision="on"``, ``BFT_SPEC.md`` section 5):
+
+1. observe: the prior variance of V per head goes through LN (``1 / sigma1^2``),
+   f1 (delta rule, one row per channel) and SiLU (``SiLU'(a)^2`` per channel),
+   then is averaged over the head's channels: ``lambda_bar[j, a] = 1 / s2_v``.
+   The weights are multiplied by the relative reliability
+   ``r[t, j] = lambda_bar_j / mean_{j' <= t, valid} lambda_bar_j'
+   = n_t softmax_j(log lambda_bar_j)`` (uniform precision: ``r = 1``, plain HSTU).
+2. variance of ``e_t = A_t`` by the sandwich estimator: one extra pass with
+   weights ``w^2`` over ``[1, v, ||v||^2 / d_v]`` gives ``S0, S1, S2``;
+   ``V_t = sum_j w^2 ||v_j - ebar_t||^2 / d_v`` by the expanded square with
+   ``ebar_t = S1 / S0`` (see ``sandwich_variance``). It is shrunk with the
+   softmax layer's prior: ``S_t = V_t / S0``, ``n_eff = (sum |w|)^2 / S0``,
+   ``sigma2 = (nu0 s0^2 + n_eff S_t) / (nu0 + n_eff - 1)`` (running sill ``s0^2``),
+   ``Var(e_t) = sigma2 S0`` per channel. It then moves through LN(A)
+   (``1 / sigma_A^2``), the U gate (``U^2`` per channel) and f2 (delta rule):
+   ``lambda_obs[t, g] = 1 / s2_y``.
+   SiLU weights are signed (about half are negative at init), so ``sum_j w``
+   can vanish: the centre is the ``w^2``-weighted mean ``S1 / S0`` (always
+   defined; the centre that minimises the sandwich; the ``w``-weighted mean
+   when a row's weights are equal) and ``n_eff`` uses ``|w|`` (it equals
+   ``(sum w)^2 / sum w^2`` when ``w >= 0``, and lies in ``[1, n_t]``).
+3. update: ``K = lambda_obs / (lambda + lambda_obs)``, ``h' = h + K f2(...)``,
+   ``lambda' = lambda + lambda_obs``.
+4. predict (no FFN, ``Jbar = 0``): ``lambda'' = (1 / lambda' + Q)^{-1} <= 1 / Q``.
+
+Recording (``FilterStats``): ``attention`` holds ``w`` (times ``r`` when on),
+unnormalised (rows do not sum to 1); ``n_eff = (sum |w|)^2 / sum w^2``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bft_lightning.nn import functional as BF
+from bft_lightning.nn.attention import build_allowed
+from bft_lightning.nn.layers import (
+    PRECISION_MODES,
+    BFTEncoderLayer,
+    _check_groups,
+    default_log_precision,
+)
+from bft_lightning.nn.stats import FilterStats
+
+TINY = torch.finfo(torch.float32).tiny
+
+
+def silu_derivative(a: Tensor) -> Tensor:
+    """``SiLU'(a) = sigmoid(a) (1 + a (1 - sigmoid(a)))``, in float32."""
+    a = BF.upcast(a)
+    s = torch.sigmoid(a)
+    return s * (1.0 + a * (1.0 - s))
+
+
+def time_buckets(timestamps: Tensor, num_buckets: int) -> Tensor:
+    """Time buckets ``floor(ln(max(|ts_t - ts_j|, 1)) / 0.301)`` in [0, num_buckets].
+
+    timestamps: (B, T) (e.g. unix seconds). Returns (B, T, T) long.
+    """
+    dt = (timestamps.unsqueeze(2) - timestamps.unsqueeze(1)).abs().double().clamp_min(1.0)
+    return (torch.log(dt) / 0.301).long().clamp(0, num_buckets)
+
+
+def relative_reliability(log_lambda_bar: Tensor, allowed: Tensor) -> Tensor:
+    """Relative reliability ``r[t, j] = lambda_bar_j / mean_{j' allowed for t} lambda_bar_j'``.
+
+    Computed as ``n_t softmax_j(log lambda_bar_j)`` over the ``n_t`` allowed keys.
+    The mean runs over the keys query ``t`` may see, so causality and padding
+    invariance hold; uniform ``lambda_bar`` gives ``r = 1``. 0 where not allowed.
+    log_lambda_bar: (B, H, T); allowed: (B, 1, T, T). Returns (B, H, T, T) float32.
+    """
+    count = allowed.sum(dim=-1, keepdim=True).float()  # (B, 1, T, 1)
+    return BF.masked_softmax(BF.upcast(log_lambda_bar).unsqueeze(-2), allowed) * count
+
+
+def sandwich_variance(s0: Tensor, s1: Tensor, s2: Tensor, centre: Tensor) -> Tensor:
+    """``sum_j w_j^2 ||v_j - c||^2 / d_v`` by the expanded square, clamped at 0.
+
+    With ``S0 = sum w^2``, ``S1 = sum w^2 v``, ``S2 = sum w^2 ||v||^2 / d_v``:
+    ``S2 - 2 c . S1 / d_v + ||c||^2 S0 / d_v``.
+    s0, s2: (B, H, T); s1, centre: (B, H, T, d_v). Returns (B, H, T).
+    """
+    dv = s1.shape[-1]
+    cross = (centre * s1).sum(dim=-1) / dv
+    return (s2 - 2.0 * cross + centre.square().sum(dim=-1) * s0 / dv).clamp_min(0.0)
+
+
+class RelativeAttentionBias(nn.Module):
+    """Relative attention bias, shared by the heads.
+
+    ``rab[t, j] = w_pos[j - t + max_len - 1] + w_time[bucket(|ts_t - ts_j|)]`` (the
+    time term only when timestamps are given).
+    """
+
+    def __init__(self, max_len: int, num_buckets: int = 128) -> None:
+        super().__init__()
+        self.max_len, self.num_buckets = max_len, num_buckets
+        self.pos_weight = nn.Parameter(torch.empty(2 * max_len - 1).normal_(0.0, 0.02))
+        self.time_weight = nn.Parameter(torch.empty(num_buckets + 1).normal_(0.0, 0.02))
+
+    def forward(self, t: int, timestamps: Tensor | None = None) -> Tensor:
+        """Returns (1, T, T), or (B, T, T) with timestamps (B, T)."""
+        if t > self.max_len:
+            raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
+        pos = torch.arange(t, device=self.pos_weight.device)
+        bias = self.pos_weight[pos.unsqueeze(0) - pos.unsqueeze(1) + self.max_len - 1]  # (T, T)
+        bias = bias.unsqueeze(0)
+        if timestamps is not None:
+            if timestamps.shape[-1] != t:
+                raise ValueError(f"timestamps {tuple(timestamps.shape)} do not match length {t}")
+            bias = bias + self.time_weight[time_buckets(timestamps, self.num_buckets)]
+        return bias
+
+
+class HSTULayer(nn.Module):
+    """One HSTU layer (pointwise SiLU attention, U gate, one residual), run as a Bayesian filter.
+
+    Args:
+        d_model: model width ``d``.
+        nhead: heads ``H``.
+        max_len: the longest sequence; also the attention's divisor ``N``.
+        linear_dim: ``d_v`` per head (U and V); None means ``d / H``.
+        attention_dim: ``d_qk`` per head (Q and K); None means ``d / H``.
+        dropout: dropout on ``LN(A) * U`` before f2 (the reference's linear dropout).
+        precision: ``"on"`` (BFT) or ``"off"`` (plain HSTU).
+        groups: precision groups ``G`` (a divisor of ``d``); None means ``H``.
+        q_init: initial process noise ``Q0``; ``Q = softplus(rho)``.
+        nu0: prior degrees of freedom of the sill prior.
+        sill_momentum: momentum of the running sill ``s0^2`` (values' variance per head).
+        num_buckets: time buckets of the relative attention bias.
+        predict_noise: False skips ``Q`` (a last layer whose precision feeds nothing).
+        layer_norm_eps: epsilon of both layer norms.
+    """
+
+    sill: Tensor
+    rho: nn.Parameter
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        max_len: int,
+        linear_dim: int | None = None,
+        attention_dim: int | None = None,
+        dropout: float = 0.0,
+        precision: str = "on",
+        groups: int | None = None,
+        q_init: float = 0.01,
+        nu0: float = 1.0,
+        sill_momentum: float = 0.01,
+        num_buckets: int = 128,
+        predict_noise: bool = True,
+        layer_norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if precision not in PRECISION_MODES:
+            raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
+        if d_model % nhead and (linear_dim is None or attention_dim is None):
+            raise ValueError(f"d_model={d_model} must be divisible by nhead={nhead}")
+        self.d_model, self.nhead, self.max_len, self.precision = d_model, nhead, max_len, precision
+        self.groups = _check_groups(d_model, nhead, groups)
+        self.dv = linear_dim or d_model // nhead
+        self.dqk = attention_dim or d_model // nhead
+        self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, elementwise_affine=False)
+        self.uvqk = nn.Linear(d_model, nhead * (2 * self.dv + 2 * self.dqk), bias=False)
+        nn.init.normal_(self.uvqk.weight, 0.0, 0.02)
+        self.rab = RelativeAttentionBias(max_len, num_buckets)
+        self.norm_attn = nn.LayerNorm(nhead * self.dv, eps=layer_norm_eps, elementwise_affine=False)
+        self.out_proj = nn.Linear(nhead * self.dv, d_model)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        self.dropout = nn.Dropout(dropout)
+        if precision == "on":
+            self.rho = nn.Parameter(torch.full((self.groups,), BF.inverse_process_noise(q_init)))
+            self.register_buffer("sill", torch.ones(nhead))
+        self.record = False
+        self.record_attention = False
+        self.last_stats: FilterStats | None = None
+
+    def extra_repr(self) -> str:
+        return f"precision={self.precision}, groups={self.groups}, N={self.max_len}"
+
+    @property
+    def value_weight(self) -> Tensor:
+        """The V rows of f1: (H d_v, d)."""
+        hv = self.nhead * self.dv
+        return self.uvqk.weight[hv : 2 * hv]
+
+    def forward(
+        self,
+        h: Tensor,
+        log_prec: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = True,
+        timestamps: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """h: (B, T, d); log_prec: (B, T, G), -inf at padding, or None; timestamps: (B, T) or None.
+
+        key_padding_mask: (B, T) bool, True = padding. Returns ``(h', log lambda'')``;
+        in off mode the precision is passed through.
+        """
+        valid = BFTEncoderLayer._valid(h, log_prec, key_padding_mask)
+        allowed = build_allowed(valid, is_causal)  # (B, 1, T, T)
+        if self.precision == "off":
+            return self._forward_off(h, valid, allowed, timestamps), log_prec
+        return self._forward_on(h, log_prec, valid, allowed, timestamps)
+
+    def _project(self, h: Tensor, timestamps: Tensor | None) -> tuple[Tensor, ...]:
+        """Pre-activation of f1 (B, T, H (2 dv + 2 dqk)), U (B, T, H dv), V, Q, K
+        (B, H, T, dv | dqk) and ``rab`` (B | 1, 1, T, T)."""
+        b, t, _ = h.shape
+        pre = self.uvqk(self.norm1(h))
+        hv, hq = self.nhead * self.dv, self.nhead * self.dqk
+        u, v, q, k = F.silu(pre).split([hv, hv, hq, hq], dim=-1)
+        v, q, k = (y.reshape(b, t, self.nhead, -1).transpose(1, 2) for y in (v, q, k))
+        return pre, u, v, q, k, self.rab(t, timestamps).unsqueeze(1)
+
+    def _weights(self, q: Tensor, k: Tensor, rab: Tensor, allowed: Tensor) -> Tensor:
+        """``w = SiLU(q.k + rab) / N`` on allowed entries, 0 elsewhere: (B, H, T, T)."""
+        w = F.silu(q @ k.transpose(-1, -2) + rab.to(q.dtype)) / self.max_len
+        return torch.where(allowed, w, torch.zeros_like(w))
+
+    def _forward_off(
+        self, h: Tensor, valid: Tensor, allowed: Tensor, timestamps: Tensor | None
+    ) -> Tensor:
+        b, t, _ = h.shape
+        _, u, v, q, k, rab = self._project(h, timestamps)
+        w = self._weights(q, k, rab, allowed)  # (B, H, T, T)
+        a = (w @ v).transpose(1, 2).reshape(b, t, -1)  # (B, T, H dv)
+        h = h + self.out_proj(self.dropout(self.norm_attn(a) * u))
+        if self.record:
+            self._record_off(h, valid, w)
+        return h
+
+    def _forward_on(
+        self,
+        h: Tensor,
+        log_prec: Tensor | None,
+        valid: Tensor,
+        allowed: Tensor,
+        timestamps: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        b, t, d = h.shape
+        hv = self.nhead * self.dv
+        pre, u, v, q, k, rab = self._project(h, timestamps)
+        if log_prec is None:
+            log_prec = default_log_precision(h, self.groups)
+        lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
+        has_key = allowed.any(dim=-1).squeeze(1)  # (B, T)
+        with torch.autocast(h.device.type, enabled=False):  # the filter runs in float32
+            # observe: prior variance of V through LN, f1 (per channel) and SiLU
+            s2_h = torch.exp(-lp) / BF.norm_sigma(h, self.norm1.eps).square().unsqueeze(-1)
+            p_v = BF.delta_rule_matrix(self.value_weight, hv, self.groups)  # (H dv, G)
+            dsilu = silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
+            s2_v = (BF.delta_rule(s2_h, p_v) * dsilu.square()).view(b, t, self.nhead, -1).mean(-1)
+            log_lbar = -torch.log(s2_v.clamp_min(TINY)).transpose(1, 2)  # (B, H, T)
+            v32 = v.float()
+            w = self._weights(q.float(), k.float(), rab.float(), allowed)
+            w = w * relative_reliability(log_lbar, allowed)  # (B, H, T, T)
+            e = w @ v32  # (B, H, T, dv)
+            # sandwich variance of e: one pass with weights w^2 over [1, v, ||v||^2 / dv]
+            ones = torch.ones_like(v32[..., :1])
+            m = w.square() @ torch.cat([ones, v32, v32.square().mean(-1, keepdim=True)], -1)
+            s0, s1, s2 = m[..., 0], m[..., 1:-1], m[..., -1]
+            sandwich = sandwich_variance(s0, s1, s2, s1 / s0.clamp_min(TINY).unsqueeze(-1))
+            n_eff = BF.kish_n_eff(s0 / w.abs().sum(-1).square().clamp_min(TINY))  # (B, H, T)
+            spread = sandwich / s0.clamp_min(TINY)
+            var_e = BF.reml_variance(spread, n_eff, self.sill, self.nu0) * s0  # (B, H, T)
+            # through LN(A), the U gate and f2 by the delta rule
+            a = e.transpose(1, 2).reshape(b, t, hv)  # (B, T, H dv)
+            s2_n = var_e.transpose(1, 2) / BF.norm_sigma(a, self.norm_attn.eps).square()[..., None]
+            s2_o = s2_n.repeat_interleave(self.dv, dim=-1) * u.float().square()  # (B, T, H dv)
+            p_o = BF.delta_rule_matrix(self.out_proj.weight, self.groups, hv)  # (G, H dv)
+            s2_y = BF.delta_rule(s2_o, p_o)  # (B, T, G)
+            lp_obs = (-torch.log(s2_y.clamp_min(TINY))).clamp(BF.LOG_PREC_MIN, BF.LOG_PREC_MAX)
+        # update: the single residual as a Kalman update
+        y = self.out_proj(self.dropout(self.norm_attn(a) * u))
+        gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
+        h = h + BF.expand_groups(gain, d).to(y.dtype) * y
+        lp_post = BF.update_log_precision(lp, lp_obs, has_key)
+        # predict: no FFN (Jbar = 0), process noise only
+        q_noise = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
+        jbar = torch.zeros_like(lp_post)
+        lp_out = BF.predict_log_precision(lp_post, jbar, q_noise)
+        if self.training:
+            self._update_sill(v32, valid)
+        if self.record:
+            self.last_stats = FilterStats.detached(
+                valid=valid, log_prec=BF.with_padding(lp, valid), log_prec_obs=lp_obs,
+                gain=gain, n_eff=n_eff.transpose(1, 2),
+                log_prec_post=BF.with_padding(lp_post, valid), jbar=jbar,
+                log_prec_out=BF.with_padding(lp_out, valid), q=q_noise,
+                attention=w if self.record_attention else None,
+            )  # fmt: skip
+        return h, BF.with_padding(lp_out, valid)
+
+    @torch.no_grad()
+    def _update_sill(self, values: Tensor, valid: Tensor) -> None:
+        """Running per-head variance of the values over valid positions (like BatchNorm)."""
+        vals = values.transpose(1, 2)[valid]  # (N, H, dv)
+        if vals.shape[0] >= 2:
+            var = (vals - vals.mean(dim=0)).square().mean(dim=(0, 2))  # (H,)
+            self.sill.lerp_(var.to(self.sill.dtype), self.sill_momentum)
+
+    def _record_off(self, h: Tensor, valid: Tensor, w: Tensor) -> None:
+        b, t, _ = h.shape
+        ones = torch.ones(b, t, self.groups, device=h.device)
+        zeros = torch.zeros_like(ones)
+        w32 = w.detach().float()
+        sum_p_sq = w32.square().sum(-1) / w32.abs().sum(-1).square().clamp_min(TINY)
+        self.last_stats = FilterStats.detached(
+            valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones,
+            n_eff=BF.kish_n_eff(sum_p_sq).transpose(1, 2), log_prec_post=zeros, jbar=zeros,
+            log_prec_out=zeros, q=torch.zeros(self.groups, device=h.device),
+            attention=w if self.record_attention else None,
+        )  # fmt: skip
+
+
+class HSTUEncoder(nn.Module):
+    """A stack of ``num_layers`` copies of an ``HSTULayer``; precision threads through it.
+
+    Layer ``l`` starts from the ``lambda''`` of layer ``l - 1``; layer 0 from
+    ``log_precision`` (e.g. the prior ``tau``), or, when None, precision
+    uniform in LN units (``1 / Var(h_t)``).
+    """
+
+    def __init__(self, layer: HSTULayer, num_layers: int) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+        self.num_layers = num_layers
+        self.precision = layer.precision
+        self.groups = layer.groups
+
+    def forward(
+        self,
+        src: Tensor,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = True,
+        log_precision: Tensor | None = None,
+        timestamps: Tensor | None = None,
+        return_precision: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """src: (B, T, d); log_precision: (B, T, G) or (B, T, 1), -inf at padding.
+
+        timestamps: (B, T) or None. Returns the output (B, T, d), and with
+        ``return_precision`` the final ``log lambda`` (B, T, G) too (None in off mode).
+        """
+        h, lp = src, log_precision
+        if lp is not None and lp.shape[-1] == 1:
+            lp = lp.expand(*lp.shape[:2], self.groups)
+        for layer in self.layers:
+            h, lp = layer(h, lp, src_key_padding_mask, is_causal, timestamps)
+        if self.precision == "off":
+            lp = None
+        return (h, lp) if return_precision else h

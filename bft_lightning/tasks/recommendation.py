@@ -1,0 +1,241 @@
+"""The sequential-recommendation LightningModule: losses, full ranking, strata.
+
+The backbone is injected as a callable ``(num_items, max_len) -> model``, so
+configs name the backbone and its options while the item count comes from
+the data (``LightningCLI`` links ``data.num_items`` and ``data.max_len``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bft_lightning.metrics import RankingMetric, write_report
+from bft_lightning.models.base import SequentialRecommender
+from bft_lightning.models.sasrec import SASRec
+from bft_lightning.nn.stats import find_filter_layers, set_recording
+
+LOSSES = ("ce", "bce", "sampled_softmax")
+
+
+def trim_left_padding(batch: dict[str, Tensor], keep_one: bool = False) -> dict[str, Tensor]:
+    """Drop leading columns that are padding in every row of the batch.
+
+    Exact for every backbone: positions are counted from the right and padding
+    changes no other position's output. ``keep_one`` leaves one padding column
+    where there is one (BERT4Rec appends its mask token into it).
+    """
+    key = "seq" if "seq" in batch else "input_ids"
+    ids = batch[key]
+    used = (ids != 0).any(dim=0)
+    first = int(used.float().argmax()) if bool(used.any()) else ids.shape[1] - 1
+    first = max(first - int(keep_one), 0)
+    if first == 0:
+        return batch
+    width = ids.shape[1]
+    return {k: v[:, first:] if v.ndim == 2 and v.shape[1] == width else v for k, v in batch.items()}
+
+
+def _default_backbone(num_items: int, max_len: int) -> SequentialRecommender:
+    return SASRec(num_items, max_len)
+
+
+class SequentialRecommendation(L.LightningModule):
+    """Train and evaluate a sequential recommender with full ranking.
+
+    Args:
+        num_items: number of items (linked from the data).
+        max_len: history length (linked from the data).
+        backbone: ``SASRec``, ``BERT4Rec`` or ``HSTU`` with its options.
+        loss: ``"ce"`` (full softmax, default), ``"bce"`` (k sampled negatives)
+            or ``"sampled_softmax"`` (k uniform negatives, temperature).
+        num_negatives: k for the sampled losses.
+        temperature: softmax temperature of ``"sampled_softmax"``.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay (not applied to norms, biases, tau, rho).
+        prior_lr_scale: learning-rate multiplier of the precision parameters
+            (layer-0 tau and rho).
+        warmup_steps: linear warm-up steps (0 = none).
+        cosine: cosine decay to 0 over the run after warm-up.
+        mask_history: exclude the user's own history from the ranking (off by
+            default: a repeat purchase is a legitimate target).
+        ks: cut-offs of HR@k / NDCG@k.
+        report_dir: where test reports go; default the logger's directory.
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        max_len: int = 50,
+        backbone: Callable[[int, int], SequentialRecommender] = _default_backbone,
+        loss: str = "ce",
+        num_negatives: int = 100,
+        temperature: float = 1.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        prior_lr_scale: float = 1.0,
+        warmup_steps: int = 0,
+        cosine: bool = False,
+        mask_history: bool = False,
+        ks: tuple[int, ...] = (1, 5, 10, 20),
+        report_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        self.save_hyperparameters(ignore=["backbone"])
+        self.model = backbone(num_items, max_len)
+        self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
+        self.num_items, self.ks, self.mask_history = num_items, tuple(ks), mask_history
+        self.lr, self.weight_decay, self.prior_lr_scale = lr, weight_decay, prior_lr_scale
+        self.warmup_steps, self.cosine, self.report_dir = warmup_steps, cosine, report_dir
+        self.val_metric: RankingMetric | None = None
+        self.test_metric: RankingMetric | None = None
+        self.test_results: dict[str, float] = {}
+
+    # -- set-up -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        freq = self._item_frequency()
+        if stage == "fit" and freq is not None:
+            self.model.init_prior_from_frequency(freq)
+
+    def _item_frequency(self) -> Tensor | None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        freq = getattr(dm, "item_frequency", None)
+        return None if freq is None else torch.as_tensor(freq)
+
+    def _new_metric(self, loader: object) -> RankingMetric:
+        n = len(getattr(loader, "dataset"))  # noqa: B009 - every eval loader has one
+        metric = RankingMetric(n, item_frequency=self._item_frequency(), ks=self.ks)
+        return metric.to(self.device)
+
+    # -- training -----------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        ids, labels, times = self.model.train_view(trim_left_padding(batch))
+        hidden, log_prec = self.model.encode(ids, times)
+        sel = labels > 0
+        lp = None if log_prec is None else log_prec[sel]
+        loss = self.loss(hidden[sel], labels[sel], lp)
+        self.log("train/loss", loss, prog_bar=True, batch_size=int(sel.sum()))
+        return loss
+
+    def loss(self, hidden: Tensor, target: Tensor, log_prec: Tensor | None) -> Tensor:
+        """hidden: (N, d) states with a label; target: (N,) item ids."""
+        if self.loss_name == "ce":
+            return F.cross_entropy(self.model.score(hidden, log_prec).float(), target)
+        neg = torch.randint(
+            1, self.num_items + 1, (len(target), self.num_negatives), device=target.device
+        )
+        cand = torch.cat([target.unsqueeze(1), neg], dim=1)  # (N, 1 + k)
+        logits = self.model.score(hidden, log_prec, items=cand).float()
+        if self.loss_name == "bce":
+            pos, negs = logits[:, 0], logits[:, 1:]
+            valid = (neg != target.unsqueeze(1)).float()
+            neg_loss = (F.softplus(negs) * valid).sum(1) / valid.sum(1).clamp_min(1)
+            return (F.softplus(-pos) + neg_loss).mean()
+        logits = logits / self.temperature
+        logits[:, 1:] = logits[:, 1:].masked_fill(neg == target.unsqueeze(1), float("-inf"))
+        return F.cross_entropy(logits, torch.zeros_like(target))
+
+    # -- evaluation ---------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self.val_metric = self._new_metric(self.trainer.val_dataloaders)
+        set_recording(self.model, self.model.precision == "on")
+
+    def on_test_epoch_start(self) -> None:
+        self.test_metric = self._new_metric(self.trainer.test_dataloaders)
+        set_recording(self.model, self.model.precision == "on")
+
+    def _eval_step(self, batch: dict[str, Tensor], metric: RankingMetric | None) -> None:
+        assert metric is not None
+        batch = trim_left_padding(batch, keep_one=True)
+        hidden, log_prec = self.model.last_hidden(batch["input_ids"], batch.get("input_time"))
+        scores = self.model.score(hidden, log_prec).float()
+        exclude = None
+        if self.mask_history:
+            exclude = torch.zeros_like(scores, dtype=torch.bool)
+            exclude.scatter_(1, batch["input_ids"], True)
+        metric.update(
+            scores, batch["target"], batch["user"], batch.get("history_len"),
+            gain=self._last_position_gain(), exclude=exclude,
+        )  # fmt: skip
+
+    def _last_position_gain(self) -> Tensor | None:
+        """Mean Kalman gain over layers and groups at the predicting position, (B,)."""
+        gains = [
+            layer.last_stats.gain[:, -1].mean(-1)
+            for _, layer in find_filter_layers(self.model)
+            if layer.last_stats is not None
+        ]
+        return torch.stack(gains).mean(0) if gains and self.model.precision == "on" else None
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metric)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metric)
+
+    def on_validation_epoch_end(self) -> None:
+        assert self.val_metric is not None
+        self._log_metrics("val", self.val_metric.compute())
+        set_recording(self.model, False)
+
+    def on_test_epoch_end(self) -> None:
+        assert self.test_metric is not None
+        self.test_results = self.test_metric.compute()
+        self._log_metrics("test", self.test_results)
+        set_recording(self.model, False)
+        out = self._report_dir()
+        if out is not None and self.trainer.is_global_zero:
+            title = f"{type(self.model).__name__} precision={self.model.precision}"
+            write_report(self.test_results, out, title)
+
+    def _log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        scalars = {f"{split}/{k}": v for k, v in metrics.items() if math.isfinite(v)}
+        self.log_dict(scalars, sync_dist=False, rank_zero_only=False)
+
+    def _report_dir(self) -> Path | None:
+        if self.report_dir:
+            return Path(self.report_dir)
+        if self._trainer is None or self.trainer.logger is None:
+            return None  # no logger, no report_dir: nowhere chosen to write to
+        log_dir = self.trainer.log_dir
+        return Path(log_dir) if log_dir else None
+
+    # -- optimisation -------------------------------------------------------------------
+    def configure_optimizers(self):  # type: ignore[override]
+        decay, no_decay, prior = [], [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name.startswith("prior.") or name.endswith(".rho"):
+                prior.append(p)
+            elif p.ndim < 2 or "norm" in name:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        groups = [
+            {"params": decay, "weight_decay": self.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+            {"params": prior, "weight_decay": 0.0, "lr": self.lr * self.prior_lr_scale},
+        ]
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr)
+        if not self.warmup_steps and not self.cosine:
+            return opt
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self._schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _schedule(self, step: int) -> float:
+        warm = self.warmup_steps
+        if warm and step < warm:
+            return (step + 1) / warm
+        if not self.cosine:
+            return 1.0
+        total = max(int(self.trainer.estimated_stepping_batches) - warm, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(step - warm, total) / total))

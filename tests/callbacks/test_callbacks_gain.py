@@ -1,0 +1,119 @@
+"""Gain by item stratum and by context length, on scripted statistics with known answers."""
+
+import math
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from toy_bft import FAST, RankBatches, ScriptedModule, ToyBFT, loader, make_batches
+
+from bft_lightning.callbacks import GainByContextLength, GainByStratum
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*(val_dataloader|LeafSpec|logging interval).*")
+
+FREQ = torch.arange(9.0)  # items 1..8 seen 1..8 times: quartiles {1,2} {3,4} {5,6} {7,8}
+
+
+def by_item(ids):
+    """K = id / 10, log lambda = -id, n_eff = position among valid positions."""
+    f = ids.float().unsqueeze(-1)
+    pos = (ids > 0).long().cumsum(1).float().unsqueeze(-1)
+    return {"gain": f.expand(-1, -1, 2) / 10, "log_prec": -f.expand(-1, -1, 2),
+            "n_eff": pos.expand(-1, -1, 2)}  # fmt: skip
+
+
+def data(n=3):
+    return make_batches(n, length=8, vocab=9)
+
+
+def expected_by_stratum(batches, key):
+    k = [[] for _ in range(4)]
+    for b in batches:
+        ids = b[key] if b[key].ndim == 2 else b[key][:, None].expand_as(b["input_ids"])
+        for i, valid in zip(ids.flatten().tolist(), (b["input_ids"] > 0).flatten().tolist()):
+            if valid:
+                k[(i - 1) // 2].append(i / 10)
+    return [sum(v) / len(v) if v else math.nan for v in k]
+
+
+def trainer(tmp_path, callback):
+    return Trainer(callbacks=[callback], **{**FAST, "default_root_dir": str(tmp_path)})
+
+
+def test_stratum_means_and_report_files_from_the_datamodule(tmp_path):
+    batches = data()
+    dm = RankBatches(batches, batches, item_frequency=FREQ)
+    cb = GainByStratum()
+    trainer(tmp_path, cb).validate(ScriptedModule(by_item), datamodule=dm)
+    got = cb.last_means["K"][0].tolist()
+    assert got == pytest.approx(expected_by_stratum(batches, "input_ids"))
+    assert cb.last_means["log_prec"][0].tolist() == pytest.approx([-10 * v for v in got])
+    assert cb.last_means["count"].sum() == sum(int((b["input_ids"] > 0).sum()) for b in batches)
+    assert cb.last_summary["stratum_val/blocks.0/K/Q0"] == pytest.approx(got[0])
+    md = (tmp_path / "gain_by_stratum.md").read_text()
+    assert "### Mean Kalman gain K" in md and f"{got[3]:.4f}" in md
+    assert (tmp_path / "gain_by_stratum.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_stratum_of_the_target_from_a_constructor_frequency(tmp_path):
+    batches = data()
+    for b in batches:
+        b["target"] = b["target"] % 8 + 1
+    cb = GainByStratum(item_frequency=FREQ.tolist(), item_key="target", filename=None)
+    trainer(tmp_path, cb).test(ScriptedModule(by_item), loader(batches))
+    # K is the INPUT item's id / 10, grouped by the TARGET's stratum
+    k = [[] for _ in range(4)]
+    for b in batches:
+        for row, tgt in zip(b["input_ids"].tolist(), b["target"].tolist()):
+            k[(tgt - 1) // 2] += [i / 10 for i in row if i > 0]
+    want = [sum(v) / len(v) if v else math.nan for v in k]
+    assert cb.last_means["K"][0].tolist() == pytest.approx(want, nan_ok=True)
+    assert "stratum_test/blocks.0/K/Q1" in cb.last_summary
+    assert not (tmp_path / "gain_by_stratum.md").exists()
+
+
+def test_stratum_without_frequency_or_key_warns(tmp_path):
+    with pytest.warns(UserWarning, match="no item frequency"):
+        trainer(tmp_path, GainByStratum()).validate(ScriptedModule(by_item), loader(data(1)))
+    assert not (tmp_path / "gain_by_stratum.md").exists()
+    cb = GainByStratum(item_frequency=FREQ.tolist(), item_key="items")
+    with pytest.warns(UserWarning, match="no key 'items'"):
+        trainer(tmp_path, cb).validate(ScriptedModule(by_item), loader(data(1)))
+
+
+def by_position(ids):
+    """n_eff = position, K = log(position) / 10: K tracks log n_eff exactly; constant gate."""
+    pos = (ids > 0).long().cumsum(1).float().unsqueeze(-1)
+    return {"gain": pos.clamp_min(1).log().expand(-1, -1, 2) / 10, "n_eff": pos.expand(-1, -1, 2),
+            "gate": torch.full((*ids.shape, 4), 0.3)}  # fmt: skip
+
+
+def test_gain_by_context_buckets_and_correlation(tmp_path):
+    batches = data()
+    cb = GainByContextLength(bucket_edges=[1, 2, 4])
+    trainer(tmp_path, cb).validate(ScriptedModule(by_position), loader(batches))
+    pos = torch.cat([(b["input_ids"] > 0).long().cumsum(1)[b["input_ids"] > 0] for b in batches])
+    for j, (lo, hi) in enumerate([(1, 2), (2, 4), (4, 99)]):
+        sel = pos[(pos >= lo) & (pos < hi)].double()
+        assert cb.last_means["K"][0, j].item() == pytest.approx(sel.log().mean().item() / 10)
+        assert cb.last_means["n_eff"][0, j].item() == pytest.approx(sel.mean().item())
+        assert cb.last_means["gate"][0, j].item() == pytest.approx(0.3)
+    assert cb.last_corr["K"][0].item() == pytest.approx(1.0)
+    assert math.isnan(cb.last_corr["gate"][0].item())  # a constant gate tracks nothing
+    assert cb.last_summary["gain_ctx_val/blocks.0/K/ctx2"] == cb.last_means["K"][0, 1].item()
+    md = (tmp_path / "gain_by_context.md").read_text()
+    assert "| blocks.0 | 0.0000 |" in md and "4+" in md
+    assert (tmp_path / "gain_by_context.png").exists()
+
+
+def test_gain_by_context_on_the_gated_baseline(tmp_path):
+    cb = GainByContextLength(by="length", filename=None)
+    trainer(tmp_path, cb).validate(ToyBFT(precision="off", gate="sigmoid"), loader(data(2)))
+    count = cb.last_means["count"][0]
+    seen = count > 0
+    assert torch.allclose(cb.last_means["K"][0][seen], torch.ones(int(seen.sum())).double())
+    gate = cb.last_means["gate"][0][seen]
+    assert ((gate > 0) & (gate < 1)).all()
+    assert (cb.last_means["n_eff"][0][seen] >= 1).all()  # from the recorded attention
+    assert math.isnan(cb.last_corr["K"][0].item())  # K = 1 everywhere
+    assert -1 <= cb.last_corr["gate"][0].item() <= 1

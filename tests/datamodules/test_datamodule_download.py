@@ -1,0 +1,102 @@
+"""Downloads, with no network: a monkeypatched urlopen and local file:// URLs."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import urllib.error
+import zipfile
+
+import pytest
+
+from bft_lightning.datamodules import download as dl
+from bft_lightning.datamodules.download import (
+    DownloadError,
+    RemoteFile,
+    amazon_remote,
+    download_file,
+    ensure_movielens_1m,
+)
+from bft_lightning.datamodules.readers import read_movielens
+from bft_lightning.datamodules.registry import resolve_dataset
+
+
+@pytest.fixture()
+def offline(monkeypatch):
+    """urlopen fails like a machine without DNS; records the timeout it got."""
+    seen = {}
+
+    def fail(url, timeout=None):
+        seen["timeout"] = timeout
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(dl, "urlopen", fail)
+    return seen
+
+
+def test_offline_names_url_and_target(tmp_path, offline):
+    with pytest.raises(DownloadError) as info:
+        ensure_movielens_1m(tmp_path / "ml-1m")
+    message = str(info.value)
+    assert "https://files.grouplens.org/datasets/movielens/ml-1m.zip" in message
+    assert str(tmp_path / "ml-1m" / "ml-1m.zip") in message
+    assert str(tmp_path / "ml-1m" / "ratings.dat") in message
+    assert 0 < offline["timeout"] <= 30  # fails fast
+    assert list((tmp_path / "ml-1m").iterdir()) == []
+
+
+def test_registry_download_offline_and_hint(tmp_path, offline):
+    with pytest.raises(DownloadError, match=re.escape(amazon_remote("Beauty", 2014).url)):
+        resolve_dataset("amazon2014-Beauty", tmp_path, download=True)
+    with pytest.raises(FileNotFoundError, match=r"download=True"):
+        resolve_dataset("amazon2018-Musical_Instruments", tmp_path, download=False)
+
+
+def test_amazon_urls():
+    assert amazon_remote("Beauty", 2014).url == (
+        "http://snap.stanford.edu/data/amazon/productGraph/categoryFiles/reviews_Beauty_5.json.gz"
+    )
+    assert amazon_remote("Musical_Instruments", 2018).url == (
+        "https://datarepo.eng.ucsd.edu/mcauley_group/data/amazon_v2/"
+        "categoryFilesSmall/Musical_Instruments_5.json.gz"
+    )
+    with pytest.raises(ValueError, match="year"):
+        amazon_remote("Beauty", 2023)
+
+
+def _local(tmp_path, payload: bytes, sha256: str | None) -> RemoteFile:
+    src = tmp_path / "server" / "file.bin"
+    src.parent.mkdir(exist_ok=True)
+    src.write_bytes(payload)
+    return RemoteFile(src.as_uri(), "file.bin", sha256)
+
+
+def test_file_url_with_checksum(tmp_path, monkeypatch):
+    payload = b"some bytes\n" * 1000
+    remote = _local(tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    target = download_file(remote, tmp_path / "out")
+    assert target.read_bytes() == payload and [p.name for p in target.parent.iterdir()] == [
+        "file.bin"
+    ]
+    monkeypatch.setattr(dl, "urlopen", None)  # present: no second fetch
+    assert download_file(remote, tmp_path / "out") == target
+
+
+def test_checksum_mismatch_leaves_nothing(tmp_path):
+    remote = _local(tmp_path, b"tampered", "0" * 64)
+    with pytest.raises(DownloadError, match="sha256 mismatch"):
+        download_file(remote, tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_movielens_zip_is_extracted(tmp_path):
+    archive = tmp_path / "server" / "ml-1m.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("ml-1m/README", "readme")
+        zf.writestr("ml-1m/ratings.dat", "1::10::5::300\n1::11::3::100\n")
+    remote = RemoteFile(archive.as_uri(), "ml-1m.zip")
+    ratings = ensure_movielens_1m(tmp_path / "data" / "ml-1m", remote)
+    assert ratings == tmp_path / "data" / "ml-1m" / "ratings.dat"
+    assert read_movielens(ratings).sequences == [[11, 10]]
+    assert resolve_dataset("ml-1m", tmp_path / "data") == (ratings, "movielens")

@@ -1,0 +1,158 @@
+"""Ranks and per-user HR/NDCG/MRR against brute force and torchmetrics; faiss vs torch top-k."""
+
+import math
+
+import pytest
+import torch
+from torchmetrics.functional.retrieval import (
+    retrieval_hit_rate,
+    retrieval_normalized_dcg,
+    retrieval_reciprocal_rank,
+)
+
+from bft_lightning.metrics.ranking import (
+    chunked_target_ranks,
+    faiss_topk,
+    hr_ndcg_mrr,
+    ranks_from_topk,
+    target_ranks,
+    topk_metrics,
+    torch_topk_chunked,
+)
+
+KS = (1, 5, 10, 20)
+
+
+def brute_rank(scores, target, exclude=None):
+    """Python loop: other real, non-excluded items scoring >= the target."""
+    out = []
+    for b in range(scores.shape[0]):
+        t = int(target[b])
+        r = 0
+        for j in range(1, scores.shape[1]):
+            if j == t or (exclude is not None and exclude[b, j]):
+                continue
+            r += int(scores[b, j] >= scores[b, t])
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("with_exclude", [False, True])
+def test_target_ranks_match_brute_force_with_ties(with_exclude):
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 6, (12, 25), generator=g).float()  # many ties
+    target = torch.randint(1, 25, (12,), generator=g)
+    exclude = torch.rand(12, 25, generator=g) < 0.3 if with_exclude else None
+    if exclude is not None:
+        exclude[:3].scatter_(1, target[:3, None], True)  # target in the history: still ranked
+    assert target_ranks(scores, target, exclude).tolist() == brute_rank(scores, target, exclude)
+
+
+def test_exclusion_only_lowers_ranks():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(16, 40, generator=g)
+    target = torch.randint(1, 40, (16,), generator=g)
+    exclude = torch.rand(16, 40, generator=g) < 0.5
+    assert (target_ranks(scores, target, exclude) <= target_ranks(scores, target)).all()
+
+
+def test_all_equal_scores_are_pessimistic():
+    scores = torch.zeros(5, 31)
+    target = torch.tensor([1, 2, 10, 29, 30])
+    ranks = target_ranks(scores, target)
+    assert ranks.tolist() == [29] * 5  # N - 2: every other real item counts above
+    per_user = hr_ndcg_mrr(ranks, KS)
+    for k in KS:
+        assert per_user[f"hr@{k}"].sum() == 0 and per_user[f"ndcg@{k}"].sum() == 0
+
+
+def test_padding_column_never_counts():
+    scores = torch.tensor([[100.0, 1.0, 2.0, 3.0], [float("inf"), 3.0, 2.0, 1.0]])
+    assert target_ranks(scores, torch.tensor([3, 1])).tolist() == [0, 0]
+    # a target scored -inf ties with nothing but real items; padding still not counted
+    scores = torch.tensor([[-math.inf, -math.inf, 0.0, -math.inf]])
+    assert target_ranks(scores, torch.tensor([1])).tolist() == [2]
+
+
+def test_invalid_inputs_raise():
+    scores = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="NaN"):
+        target_ranks(torch.tensor([[0.0, float("nan"), 1.0]]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="padding"):
+        target_ranks(scores, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="padding"):
+        target_ranks(scores, torch.tensor([5, 1]))
+
+
+def test_formulas_against_brute_force():
+    ranks = torch.tensor([0, 1, 4, 5, 9, 10, 19, 20, 500])
+    per_user = hr_ndcg_mrr(ranks, KS)
+    for i, r in enumerate(ranks.tolist()):
+        for k in KS:
+            assert per_user[f"hr@{k}"][i] == float(r < k)
+            expect = 1.0 / math.log2(r + 2) if r < k else 0.0
+            assert per_user[f"ndcg@{k}"][i].item() == pytest.approx(expect, abs=1e-15)
+        assert per_user["mrr"][i].item() == pytest.approx(1.0 / (r + 1), abs=1e-15)
+
+
+def test_against_torchmetrics_on_positive_scores():
+    """torchmetrics drops scores <= 0 and averages 2D NDCG: compare 1D, positive, tie-free."""
+    g = torch.Generator().manual_seed(2)
+    scores = torch.rand(16, 60, generator=g) + 0.01  # (B, N), positive
+    target = torch.randint(1, 60, (16,), generator=g)
+    per_user = hr_ndcg_mrr(target_ranks(scores, target), KS)
+    for b in range(16):
+        preds = scores[b, 1:]  # real items only
+        rel = torch.zeros_like(preds, dtype=torch.bool)
+        rel[target[b] - 1] = True
+        for k in KS:
+            assert per_user[f"hr@{k}"][b].item() == retrieval_hit_rate(preds, rel, top_k=k)
+            tm = retrieval_normalized_dcg(preds, rel, top_k=k).item()
+            assert per_user[f"ndcg@{k}"][b].item() == pytest.approx(tm, abs=1e-6)
+        tm_rr = retrieval_reciprocal_rank(preds, rel).item()
+        assert per_user["mrr"][b].item() == pytest.approx(tm_rr, abs=1e-6)
+
+
+def _vectors(users=64, items=201, dim=16, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(users, dim, generator=g), torch.randn(items, dim, generator=g)
+
+
+def test_faiss_equals_torch_topk_and_full_ranking():
+    u, it = _vectors()
+    k = 20
+    f_scores, f_ids = faiss_topk(u, it, k)
+    t_scores, t_ids = torch_topk_chunked(u, it, k, chunk=17)
+    assert torch.equal(f_ids, t_ids)
+    assert torch.allclose(f_scores, t_scores, atol=1e-5)
+    assert (f_ids > 0).all()  # padding never retrieved
+    # targets at mixed true ranks, some outside the top-k
+    full = u @ it.T  # (U, N)
+    full[:, 0] = -math.inf
+    order = full.argsort(1, descending=True)
+    pick = torch.arange(64) % 30
+    target = order[torch.arange(64), pick]
+    truth = hr_ndcg_mrr(target_ranks(u @ it.T, target), KS)
+    got = topk_metrics(f_ids, target, KS)
+    assert set(got) == {f"{m}@{k}" for m in ("hr", "ndcg") for k in KS}
+    for key, value in got.items():
+        assert torch.allclose(value, truth[key]), key
+    assert ranks_from_topk(f_ids, target).tolist() == [min(p, k) for p in pick.tolist()]
+
+
+def test_padding_can_be_included_and_k_is_checked():
+    u, it = _vectors(users=4, items=6)
+    it[0] = 100 * u.mean(0)  # sum_u <u, it[0]> > 0: padding wins for some user
+    _, ids = faiss_topk(u, it, 3, exclude_padding=False)
+    _, ids_t = torch_topk_chunked(u, it, 3, exclude_padding=False)
+    assert torch.equal(ids, ids_t) and (ids[:, 0] == 0).any()
+    with pytest.raises(ValueError):
+        faiss_topk(u, it, 6)  # only 5 real items
+    with pytest.raises(ValueError):
+        topk_metrics(ids, torch.ones(4, dtype=torch.long), ks=(5,))
+
+
+def test_chunked_target_ranks_equal_full():
+    u, it = _vectors(users=50, items=80)
+    target = torch.randint(1, 80, (50,), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(chunked_target_ranks(u, it, target, chunk=7), target_ranks(u @ it.T, target))

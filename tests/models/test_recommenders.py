@@ -1,0 +1,109 @@
+"""SASRec / BERT4Rec with and without BFT: shapes, masking, trimming, causality."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bft_lightning.models import BERT4Rec, SASRec
+from bft_lightning.tasks.recommendation import trim_left_padding
+
+N, L = 40, 8
+
+
+def left_padded(lengths: list[int], width: int = L + 1) -> torch.Tensor:
+    rows = []
+    for n in lengths:
+        items = torch.randint(1, N + 1, (n,))
+        rows.append(torch.cat([torch.zeros(width - n, dtype=torch.long), items]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("cls", [SASRec, BERT4Rec])
+@pytest.mark.parametrize("precision", ["off", "on"])
+def test_shapes_and_scores(cls, precision: str) -> None:
+    model = cls(N, max_len=L, d_model=16, nhead=2, num_layers=2, precision=precision).eval()
+    ids = left_padded([8, 3, 1], L)
+    h, lp = model.last_hidden(ids)
+    assert h.shape == (3, 16)
+    assert (lp is None) == (precision == "off")
+    scores = model.score(h, lp)
+    assert scores.shape == (3, N + 1) and torch.isneginf(scores[:, 0]).all()
+    assert torch.isfinite(scores[:, 1:]).all()
+    sub = model.score(h, lp, items=torch.tensor([[1, 2], [3, 4], [5, 6]]))
+    torch.testing.assert_close(sub, scores.gather(1, torch.tensor([[1, 2], [3, 4], [5, 6]])))
+
+
+def test_bft_adds_few_parameters() -> None:
+    off = SASRec(N, max_len=L, d_model=16, nhead=2, precision="off")
+    on = SASRec(N, max_len=L, d_model=16, nhead=2, precision="on")
+    n_off = sum(p.numel() for p in off.parameters())
+    n_on = sum(p.numel() for p in on.parameters())
+    assert n_on - n_off == (N + 1) + 2 * 2  # tau table (width 1) + rho per layer and group
+
+
+def test_input_scale_matches_embedding_variance() -> None:
+    model = SASRec(N, max_len=L, d_model=64, precision="on")
+    # item std 0.02 scaled by sqrt(64): Var ~ 0.0256 (+ positions 0.0004): c ~ 38
+    assert 30 < model.input_scale() < 45
+
+
+def test_bert4rec_masking_rules() -> None:
+    model = BERT4Rec(N, max_len=L, d_model=16, nhead=2, mask_prob=0.3)
+    seq = left_padded([9, 4, 2, 1])
+    inputs, labels, _ = model.train_view({"seq": seq})
+    assert inputs.shape == (4, L)
+    pad = seq[:, 1:] == 0
+    assert (inputs[pad] == 0).all() and (labels[pad] == 0).all()  # padding is never masked
+    masked = inputs == model.mask_token
+    assert (labels[masked] == seq[:, 1:][masked]).all() and (labels[~masked] == 0).all()
+    assert masked.any(dim=1).all()  # every sequence has at least one mask
+    ev = model.eval_view(seq[:, 1:])
+    assert (ev[:, -1] == model.mask_token).all() and ev.shape == (4, L)
+
+
+def test_sasrec_labels_skip_padding_inputs() -> None:
+    model = SASRec(N, max_len=L)
+    seq = left_padded([3])
+    inputs, labels, _ = model.train_view({"seq": seq})
+    assert ((labels > 0) == (inputs != 0) & (seq[:, 1:] != 0)).all()
+    assert int((labels > 0).sum()) == 2
+
+
+@pytest.mark.parametrize("cls", [SASRec, BERT4Rec])
+def test_trimming_padding_is_exact(cls) -> None:
+    model = cls(N, max_len=L, d_model=16, nhead=2, precision="on").eval()
+    batch = {"input_ids": left_padded([3, 2], L), "target": torch.tensor([1, 2])}
+    trimmed = trim_left_padding(batch, keep_one=True)
+    assert trimmed["input_ids"].shape[1] == 4
+    full = model.score(*model.last_hidden(batch["input_ids"]))
+    short = model.score(*model.last_hidden(trimmed["input_ids"]))
+    torch.testing.assert_close(full, short, rtol=1e-4, atol=1e-5)
+
+
+def test_sasrec_is_causal() -> None:
+    model = SASRec(N, max_len=L, d_model=16, nhead=2, precision="on").eval()
+    ids = left_padded([8], L)
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] % N) + 1
+    h1, _ = model.encode(ids)
+    h2, _ = model.encode(changed)
+    torch.testing.assert_close(h1[:, :-1], h2[:, :-1])
+
+
+def test_frequency_prior_init_orders_tau_by_count() -> None:
+    model = SASRec(N, max_len=L, precision="on", prior_init="frequency")
+    freq = torch.arange(N + 1)
+    model.init_prior_from_frequency(freq)
+    log_tau = model.prior.log_tau.weight[1:, 0]
+    assert (log_tau.diff() > 0).all()
+    assert abs(log_tau.mean().item() - torch.log(torch.tensor(model.input_scale())).item()) < 1e-3
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match="num_items"):
+        SASRec(0)
+    with pytest.raises(ValueError, match="prior"):
+        SASRec(N, prior="forest")
+    with pytest.raises(ValueError, match="mask_prob"):
+        BERT4Rec(N, mask_prob=0.0)
