@@ -80,8 +80,8 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
         "epochs": len(timer.times), "sec_per_epoch": float(np.median(timer.times)),
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
     }  # fmt: skip
-    done.write_text(json.dumps(summary, indent=1))
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
+    done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
     return summary
 
 
@@ -238,18 +238,29 @@ def main() -> None:
     args.argv = sys.argv[1:]
     if "off" not in args.variants:
         args.variants.insert(0, "off")
-    runs = {}
+    base = Path(args.runs_dir) / f"{args.dataset}_{args.backbone}"
     for seed in args.seeds:
         for variant in args.variants:
-            out = Path(args.runs_dir) / f"{args.dataset}_{args.backbone}" / f"{variant}_s{seed}"
+            out = base / f"{variant}_s{seed}"
             out.mkdir(parents=True, exist_ok=True)
-            summary = run_one(args, variant, seed, out)
-            runs[(variant, seed)] = {
-                "summary": summary, "ranks": np.load(out / "ranks.npy"),
-                "targets": np.load(out / "targets.npy"),
-                "item_frequency": np.load(out / "item_frequency.npy"),
-            }  # fmt: skip
-            report(args, runs)
+            run_one(args, variant, seed, out)
+            report(args, load_runs(base, args.variants))
+
+
+def load_runs(base: Path, variants: list[str]) -> dict:
+    """Every finished run under ``base`` (also those of other processes or earlier calls)."""
+    runs = {}
+    for done in sorted(base.glob("*_s*/summary.json")):
+        out = done.parent
+        variant, seed = out.name.rsplit("_s", 1)
+        if variant not in variants:
+            continue
+        runs[(variant, int(seed))] = {
+            "summary": json.loads(done.read_text()), "ranks": np.load(out / "ranks.npy"),
+            "targets": np.load(out / "targets.npy"),
+            "item_frequency": np.load(out / "item_frequency.npy"),
+        }  # fmt: skip
+    return runs
 
 
 def report(args: argparse.Namespace, runs: dict) -> None:

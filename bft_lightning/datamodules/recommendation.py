@@ -54,7 +54,8 @@ class LengthBucketSampler(Sampler[int]):
     pool is sorted by length and cut into batches, and the batches are
     shuffled. A batch then trims to its longest row (most histories are short,
     so padding to ``max_len`` wastes most of the compute); every row is still
-    seen once an epoch. The order changes every epoch (``seed + epoch``).
+    seen once an epoch. The order changes every epoch (``seed + epoch``;
+    ``set_epoch`` pins it, as ``DistributedSampler``'s does).
     """
 
     def __init__(
@@ -66,9 +67,13 @@ class LengthBucketSampler(Sampler[int]):
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls this before each epoch, so a resumed run sees the same order."""
+        self.epoch = epoch
+
     def __iter__(self):  # type: ignore[no-untyped-def]
         rng = np.random.default_rng(self.seed + self.epoch)
-        self.epoch += 1
+        self.epoch += 1  # a plain loop over epochs still reshuffles
         order = rng.permutation(len(self.lengths))
         batches = []
         for start in range(0, len(order), self.pool):

@@ -1,0 +1,773 @@
+"""Question answering data for supervised fine-tuning of a causal LM.
+
+Readers (one ``QAExample`` per question):
+
+- SQuAD JSON, v1.1 and v2.0 (unanswerable questions have ``answers == []``;
+  their target is the empty answer, i.e. EOS right away, which is what the
+  v2.0 metric rewards);
+- HotpotQA distractor JSONL, in the IRCoT layout and the original layout
+  (2 gold paragraphs plus the dataset's own distractors);
+- NQ-open with its gold passage (``*.jsonl.gz``, the *Lost in the Middle* oracle file);
+- RGB ``en_fact.json`` (positive snippets are gold, negatives are the distractors).
+
+Splits are by ``group`` and never by question: the SQuAD article title (so no
+context is shared across splits), the NQ gold-passage title, the HotpotQA /
+RGB question id.
+
+A training sequence is ``BOS passages "\\n\\nQuestion: q\\nAnswer:" " answer" EOS``
+and the loss is on the answer tokens (and the EOS) only. When it is too long,
+distractors go first, then gold passages are cropped, the answer-bearing one
+to a window around the answer, so the answer is never cut out of its gold
+passage (an example whose answer cannot fit is dropped and counted).
+
+Noise:
+
+- label corruption (``noise_rate`` = ``np``): each answer label token (not the
+  EOS) of a *training* example is replaced, with probability ``np``, by a token
+  drawn uniformly from the non-special vocabulary minus the original token;
+  the draw is fixed per example by ``seed`` (a fixed noisy dataset), inputs
+  stay clean (teacher forcing reads the clean answer);
+- distractors (``num_distractors`` = ``k``): ``k`` passages from other groups
+  of the same split (``"other_articles"``), other paragraphs of the same
+  article (``"same_article"``) or the dataset's own (``"dataset"``); the gold
+  passages are inserted at random positions among them (seeded per example).
+
+The data root is ``$BFT_DATA_ROOT``, by default ``<repo>/../shared/data``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from bft_lightning.models.checkpoint import TextTokenizer, load_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DATASETS: dict[str, tuple[str, ...]] = {
+    "squad": ("squad-dev/dev-v1.1.json",),
+    "squad2": ("squad-dev/dev-v2.0.json",),
+    "hotpotqa": (
+        "hotpotqa-distractor/hotpot_dev_distractor_ircot_subsampled500.jsonl",
+        "hotpotqa-distractor/hotpot_dev_distractor_reflexion_sample100.jsonl",
+    ),
+    "nq": ("nq-open-oracle/nq-open-oracle.jsonl.gz",),
+    "rgb": ("rgb-en-fact/en_fact.json",),
+}
+DISTRACTOR_SOURCES = ("auto", "other_articles", "same_article", "dataset")
+PASSAGE_SEP = "\n\n"
+QUESTION_TEMPLATE = "\n\nQuestion: {question}\nAnswer:"
+IGNORE_INDEX = -100
+
+
+def data_root() -> Path:
+    """``$BFT_DATA_ROOT`` or ``<repo>/../shared/data``."""
+    return Path(os.environ.get("BFT_DATA_ROOT", REPO_ROOT.parent / "shared" / "data"))
+
+
+def resolve_data_file(path: str | Path) -> Path:
+    """``path`` if it exists, else under the data root (e.g. ``tinyshakespeare/input.txt``)."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    return data_root() / p
+
+
+@dataclass
+class Passage:
+    text: str
+    title: str = ""
+    gold: bool = True
+
+
+@dataclass
+class QAExample:
+    """One question: gold passages first (``gold=True``), then the dataset's distractors."""
+
+    id: str
+    question: str
+    answers: list[str]
+    passages: list[Passage]
+    group: str
+    answer_start: int | None = None  # char offset of answers[0] in the first gold passage
+
+    @property
+    def gold(self) -> list[Passage]:
+        return [p for p in self.passages if p.gold]
+
+    @property
+    def distractors(self) -> list[Passage]:
+        return [p for p in self.passages if not p.gold]
+
+
+# ----------------------------------------------------------------- readers
+def read_squad(path: str | Path) -> list[QAExample]:
+    """SQuAD v1.1 / v2.0 JSON; group = article title."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    out = []
+    for article in data["data"]:
+        title = article["title"]
+        for para in article["paragraphs"]:
+            ctx = para["context"]
+            for qa in para["qas"]:
+                answers = [a["text"] for a in qa.get("answers", [])]
+                if qa.get("is_impossible"):
+                    answers = []
+                start = qa["answers"][0]["answer_start"] if answers else None
+                out.append(
+                    QAExample(
+                        qa["id"], qa["question"], answers, [Passage(ctx, title)], title, start
+                    )
+                )
+    return out
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def read_hotpotqa(path: str | Path) -> list[QAExample]:
+    """HotpotQA distractor JSONL (IRCoT layout or the original layout); group = question id."""
+    out = []
+    for row in _jsonl(Path(path)):
+        if "contexts" in row:  # IRCoT
+            answers = [s for a in row["answers_objects"] for s in a["spans"]]
+            passages = [
+                Passage(c["paragraph_text"], c["title"], bool(c["is_supporting"]))
+                for c in row["contexts"]
+            ]
+            qid, question = row["question_id"], row["question_text"]
+        else:
+            gold_titles = {t for t, _ in row["supporting_facts"]}
+            passages = [Passage("".join(s), t, t in gold_titles) for t, s in row["context"]]
+            qid, question, answers = row["_id"], row["question"], [row["answer"]]
+        passages.sort(key=lambda p: not p.gold)  # gold first, order otherwise kept
+        out.append(QAExample(qid, question, answers, passages, qid))
+    return out
+
+
+def read_nq_open(path: str | Path) -> list[QAExample]:
+    """NQ-open oracle (one gold passage); group = the gold passage's Wikipedia title."""
+    out = []
+    for i, row in enumerate(_jsonl(Path(path))):
+        ctx = row["ctxs"][0]
+        p = Passage(ctx["text"], ctx.get("title", ""))
+        out.append(QAExample(f"nq-{i}", row["question"], list(row["answers"]), [p], p.title))
+    return out
+
+
+def read_rgb(path: str | Path) -> list[QAExample]:
+    """RGB (``en_fact.json``): positives are gold, negatives distractors; group = id."""
+    out = []
+    for row in _jsonl(Path(path)):
+        ans = row["answer"]
+        answers = [ans] if isinstance(ans, str) else [a for x in ans for a in _flat(x)]
+        passages = [Passage(t) for t in row["positive"]]
+        passages += [Passage(t, gold=False) for t in row.get("negative", [])]
+        out.append(QAExample(f"rgb-{row['id']}", row["query"], answers, passages, str(row["id"])))
+    return out
+
+
+def _flat(x: Any) -> list[str]:
+    return [x] if isinstance(x, str) else [a for y in x for a in _flat(y)]
+
+
+def read_qa(path: str | Path) -> list[QAExample]:
+    """Read any supported file by its name and content."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"QA file {str(path)!r} not found (data root: {data_root()})")
+    if path.suffix == ".gz":
+        return read_nq_open(path)
+    with open(path, encoding="utf-8") as f:
+        line = f.readline()
+    try:
+        first = json.loads(line)
+    except json.JSONDecodeError:  # pretty-printed JSON: SQuAD layout
+        return read_squad(path)
+    if "data" in first:
+        return read_squad(path)
+    if "query" in first and "positive" in first:
+        return read_rgb(path)
+    if "contexts" in first or "supporting_facts" in first:
+        return read_hotpotqa(path)
+    if "ctxs" in first:
+        return read_nq_open(path)
+    raise ValueError(f"{str(path)!r}: not SQuAD, HotpotQA, NQ-open or RGB")
+
+
+def read_dataset(files: Sequence[str | Path]) -> list[QAExample]:
+    """Read and concatenate files, dropping repeated question ids (HotpotQA's two files overlap)."""
+    seen: set[str] = set()
+    out = []
+    for file in files:
+        for ex in read_qa(file):
+            if ex.id not in seen:
+                seen.add(ex.id)
+                out.append(ex)
+    return out
+
+
+def split_by_group(
+    examples: Sequence[QAExample], n_val: int | float, n_test: int | float, seed: int = 0
+) -> tuple[list[QAExample], list[QAExample], list[QAExample]]:
+    """Train / val / test by group (article): ``n_*`` groups, or a fraction of groups."""
+    groups = sorted({ex.group for ex in examples})
+    order = np.random.default_rng(seed).permutation(len(groups))
+    n = len(groups)
+    k_val = int(round(n_val * n)) if isinstance(n_val, float) else n_val
+    k_test = int(round(n_test * n)) if isinstance(n_test, float) else n_test
+    if k_val + k_test >= n:
+        raise ValueError(f"{k_val} val + {k_test} test groups leave no training group of {n}")
+    test = {groups[i] for i in order[:k_test]}
+    val = {groups[i] for i in order[k_test : k_test + k_val]}
+    parts: tuple[list[QAExample], list[QAExample], list[QAExample]] = ([], [], [])
+    for ex in examples:
+        parts[2 if ex.group in test else 1 if ex.group in val else 0].append(ex)
+    return parts
+
+
+# ----------------------------------------------------------- tokenisation
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, path: str | Path) -> TextTokenizer:
+    """A byte-level BPE tokenizer trained on ``texts`` (specials ``<pad>``, ``<s>``, ``</s>``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return load_tokenizer(path)
+
+
+def _answer_token_span(
+    offsets: Sequence[tuple[int, int]], start: int, end: int
+) -> tuple[int, int] | None:
+    """First and last token index overlapping the char span [start, end)."""
+    hit = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+    return (hit[0], hit[-1]) if hit else None
+
+
+def _locate(ex: QAExample, gold: Passage) -> tuple[int, int] | None:
+    if not ex.answers or not ex.answers[0]:
+        return None
+    ans = ex.answers[0]
+    if ex.answer_start is not None and gold is ex.gold[0]:
+        if gold.text[ex.answer_start : ex.answer_start + len(ans)] == ans:
+            return ex.answer_start, ex.answer_start + len(ans)
+    i = gold.text.find(ans)
+    if i < 0:
+        i = gold.text.lower().find(ans.lower())
+    return (i, i + len(ans)) if i >= 0 else None
+
+
+@dataclass
+class EncodedExample:
+    """Token ids of one question; ``labels`` are the (possibly corrupted) answer targets."""
+
+    id: str
+    prompt: list[int]
+    answer: list[int]
+    labels: list[int]
+    answers: list[str]
+    n_passages: int
+    n_distractors: int
+    gold_index: list[int] = field(default_factory=list)
+
+
+def crop_around(
+    ids: list[int],
+    span: tuple[int, int] | None,
+    width: int,
+    rng: np.random.Generator | None = None,
+) -> tuple[list[int], tuple[int, int] | None]:
+    """At most ``width`` tokens of ``ids``; a window that contains ``span`` when given.
+
+    The window's offset is uniform over the windows that contain the span
+    (so the answer's place in the window carries no signal); without ``rng``
+    the window is centred on the span. Without a span the head is kept.
+    Returns the window and the span's position in it.
+    """
+    if len(ids) <= width:
+        return ids, span
+    if span is None:
+        return ids[:width], None
+    lo, hi = span
+    if hi - lo + 1 > width:
+        raise ValueError("answer span longer than the window")
+    first, last = max(0, hi + 1 - width), min(lo, len(ids) - width)
+    if rng is None:
+        start = min(max((lo + hi + 1) // 2 - width // 2, first), last)
+    else:
+        start = int(rng.integers(first, last + 1))
+    return ids[start : start + width], (lo - start, hi - start)
+
+
+def encode_example(
+    ex: QAExample,
+    tok: TextTokenizer,
+    passages: Sequence[Passage],
+    max_length: int,
+    max_answer_tokens: int,
+    max_passage_tokens: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> EncodedExample | None:
+    """Tokenise ``passages`` (gold among distractors, in order) + question + answer.
+
+    Each passage is first cut to ``max_passage_tokens`` (the answer-bearing gold
+    passage to a window that contains the answer). Then ``max_length`` is met
+    by dropping distractors (last first), then cropping gold passages the same
+    way. None if the answer itself cannot fit.
+    """
+    answer_text = ex.answers[0] if ex.answers else ""
+    answer = (tok.encode(" " + answer_text) if answer_text else []) + [tok.eos_id]
+    if len(answer) - 1 > max_answer_tokens:
+        return None
+    question = tok.encode(QUESTION_TEMPLATE.format(question=ex.question.strip()))
+    sep = tok.encode(PASSAGE_SEP)
+    budget = max_length - 1 - len(question) - len(answer)  # 1 for BOS
+    bodies: list[list[int]] = []
+    spans: list[tuple[int, int] | None] = []
+    answer_gold = next((g for g in ex.gold if _locate(ex, g) is not None), None)
+    for p in passages:
+        span = None
+        if p is answer_gold:
+            ids, offsets = tok.encode_with_offsets(p.text)
+            char_span = _locate(ex, p)
+            assert char_span is not None
+            span = _answer_token_span(offsets, *char_span)
+        else:
+            ids = tok.encode(p.text)
+        if max_passage_tokens is not None and len(ids) > max_passage_tokens:
+            if span is not None and span[1] - span[0] + 1 > max_passage_tokens:
+                return None
+            ids, span = crop_around(ids, span, max_passage_tokens, rng)
+        bodies.append(ids)
+        spans.append(span)
+    keep = list(range(len(passages)))
+
+    def total() -> int:
+        return sum(len(bodies[i]) for i in keep) + len(sep) * max(len(keep) - 1, 0)
+
+    for i in reversed(range(len(passages))):  # drop distractors, last first
+        if total() <= budget:
+            break
+        if not passages[i].gold:
+            keep.remove(i)
+    if total() > budget:
+        n = len(keep)
+        room = budget - len(sep) * (n - 1)
+        share = max(room // max(n, 1), 1)
+        others = [i for i in keep if spans[i] is None]
+        for i in others:
+            bodies[i] = bodies[i][:share]  # no answer in these: keep the head
+        rest = room - sum(len(bodies[i]) for i in others)
+        for i in keep:
+            span = spans[i]
+            if span is not None:
+                if span[1] - span[0] + 1 > rest:
+                    return None
+                bodies[i], spans[i] = crop_around(bodies[i], span, rest, rng)
+    prompt = [tok.bos_id] if tok.bos_id is not None else []
+    for n, i in enumerate(keep):
+        prompt += (sep if n else []) + bodies[i]
+    prompt += question
+    gold_index = [n for n, i in enumerate(keep) if passages[i].gold]
+    return EncodedExample(
+        ex.id, prompt, answer, list(answer), list(ex.answers), len(keep),
+        len(keep) - len(gold_index), gold_index,
+    )  # fmt: skip
+
+
+def corrupt_labels(
+    labels: Sequence[int], rate: float, vocab_size: int, special: set[int], rng: np.random.Generator
+) -> list[int]:
+    """Replace each label but the last (EOS) w.p. ``rate`` by a uniform other non-special id."""
+    out = list(labels)
+    for i in range(len(out) - 1):
+        if rng.random() < rate:
+            while True:
+                new = int(rng.integers(vocab_size))
+                if new != out[i] and new not in special:
+                    break
+            out[i] = new
+    return out
+
+
+def arrange_passages(
+    ex: QAExample,
+    k: int,
+    source: str,
+    pool: Sequence[tuple[str, Passage]],
+    rng: np.random.Generator,
+) -> list[Passage]:
+    """The gold passages inserted at random positions among ``k`` distractors."""
+    if k <= 0:
+        return ex.gold
+    if source == "auto":
+        source = "dataset" if ex.distractors else "other_articles"
+    if source == "dataset":
+        cand = ex.distractors
+    else:
+        gold_text = {p.text for p in ex.gold}
+        same = source == "same_article"
+        cand = [p for g, p in pool if (g == ex.group) == same and p.text not in gold_text]
+    picks = [cand[i] for i in rng.choice(len(cand), size=min(k, len(cand)), replace=False)]
+    out = [Passage(p.text, p.title, gold=False) for p in picks]
+    for g in ex.gold:
+        out.insert(int(rng.integers(len(out) + 1)), g)
+    return out
+
+
+def passage_pool(examples: Sequence[QAExample]) -> list[tuple[str, Passage]]:
+    """Distinct gold passages of a split, with their group."""
+    seen: set[str] = set()
+    pool = []
+    for ex in examples:
+        for p in ex.gold:
+            if p.text not in seen:
+                seen.add(p.text)
+                pool.append((ex.group, p))
+    return pool
+
+
+# --------------------------------------------------------------- batching
+def collate_qa(items: Sequence[EncodedExample], pad_id: int) -> dict[str, Any]:
+    """Teacher-forcing tensors (right-padded) plus left-padded prompts for generation.
+
+    input_ids, attention_mask, labels: (B, T) with ``labels[t]`` the target of
+    position ``t`` (``-100`` outside the answer); prompt_ids, prompt_mask: (B, P);
+    answers: gold strings; ids; context_tokens: (B,) prompt lengths.
+    """
+    b = len(items)
+    seqs = [it.prompt + it.answer for it in items]
+    t = max(len(s) - 1 for s in seqs)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros(b, t, dtype=torch.long)
+    labels = torch.full((b, t), IGNORE_INDEX, dtype=torch.long)
+    p = max(len(it.prompt) for it in items)
+    prompt_ids = torch.full((b, p), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros(b, p, dtype=torch.long)
+    for i, (it, s) in enumerate(zip(items, seqs)):
+        n, m = len(s) - 1, len(it.prompt)
+        input_ids[i, :n] = torch.tensor(s[:-1])
+        mask[i, :n] = 1
+        labels[i, m - 1 : m - 1 + len(it.labels)] = torch.tensor(it.labels)
+        prompt_ids[i, p - m :] = torch.tensor(it.prompt)
+        prompt_mask[i, p - m :] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "answers": [it.answers for it in items],
+        "ids": [it.id for it in items],
+        "context_tokens": torch.tensor([len(it.prompt) for it in items]),
+        "n_distractors": torch.tensor([it.n_distractors for it in items]),
+    }
+
+
+class _Collate:
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, items: Sequence[EncodedExample]) -> dict[str, Any]:
+        return collate_qa(items, self.pad_id)
+
+
+def _hash(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class QADataModule(L.LightningDataModule):
+    """QA for SFT: SQuAD (v1.1/v2.0), HotpotQA, NQ-open, RGB; noise and distractors.
+
+    Args:
+        dataset: ``squad``, ``squad2``, ``hotpotqa``, ``nq`` or ``rgb`` (files
+            under the data root), ignored when ``files`` is given.
+        files: explicit QA files (any supported format); a relative path that
+            does not exist is read from the data root.
+        tokenizer_path: a ``tokenizer.json`` (or a checkpoint directory holding
+            one). None trains a byte-level BPE of ``tokenizer_vocab_size`` on the
+            training split (plus ``extra_text_files``), cached in ``cache_dir``.
+        tokenizer_vocab_size: vocabulary of a tokenizer trained here.
+        extra_text_files: plain text that a trained tokenizer also learns from
+            (relative paths as for ``files``).
+        cache_dir: where a trained tokenizer is kept (not the repository).
+        max_length: longest training sequence (prompt + answer + EOS).
+        max_answer_tokens: training examples with longer answers are dropped.
+        max_passage_tokens: every passage is first cut to this many tokens
+            (the answer-bearing one to a window around the answer); None: no cap.
+        num_distractors: ``k`` distractor passages per question.
+        distractor_source: ``auto`` (the dataset's own if any, else other
+            articles), ``other_articles``, ``same_article`` or ``dataset``.
+        noise_rate: ``np``, the label-corruption rate of the training split.
+        seed: seed of the noise and of the distractor draws.
+        split_seed: seed of the split by group (keep it fixed across seeds).
+        val_groups, test_groups: groups (articles) held out, a count or a fraction.
+        max_train_examples, max_eval_examples: seeded subsets (None = all).
+        batch_size, eval_batch_size, num_workers: loaders.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "squad",
+        files: list[str] | None = None,
+        tokenizer_path: str | None = None,
+        tokenizer_vocab_size: int = 1024,
+        extra_text_files: list[str] | None = None,
+        cache_dir: str | None = None,
+        max_length: int = 512,
+        max_answer_tokens: int = 32,
+        max_passage_tokens: int | None = None,
+        num_distractors: int = 0,
+        distractor_source: str = "auto",
+        noise_rate: float = 0.0,
+        seed: int = 0,
+        split_seed: int = 0,
+        val_groups: int | float = 4,
+        test_groups: int | float = 10,
+        max_train_examples: int | None = None,
+        max_eval_examples: int | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int = 16,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if files is None and dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
+        if distractor_source not in DISTRACTOR_SOURCES:
+            raise ValueError(
+                f"distractor_source must be one of {DISTRACTOR_SOURCES}, got {distractor_source!r}"
+            )
+        if not 0.0 <= noise_rate <= 1.0:
+            raise ValueError(f"noise_rate must be in [0, 1], got {noise_rate}")
+        self.save_hyperparameters()
+        self.dataset, self.files = dataset, files
+        self.tokenizer_path, self.tokenizer_vocab_size = tokenizer_path, tokenizer_vocab_size
+        self.extra_text_files = [str(resolve_data_file(f)) for f in extra_text_files or []]
+        self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "bft_lightning"
+        self.max_length, self.max_answer_tokens = max_length, max_answer_tokens
+        self.max_passage_tokens = max_passage_tokens
+        self.num_distractors, self.distractor_source = num_distractors, distractor_source
+        self.noise_rate, self.seed, self.split_seed = noise_rate, seed, split_seed
+        self.val_groups, self.test_groups = val_groups, test_groups
+        self.max_train_examples, self.max_eval_examples = max_train_examples, max_eval_examples
+        self.batch_size, self.eval_batch_size, self.num_workers = (
+            batch_size, eval_batch_size, num_workers,
+        )  # fmt: skip
+        self.tokenizer: TextTokenizer | None = None
+        self.splits: dict[str, list[QAExample]] = {}
+        self.encoded: dict[str, list[EncodedExample]] = {}
+        self.dropped: dict[str, int] = {}
+
+    # ----------------------------------------------------------- set-up
+    def source_files(self) -> list[Path]:
+        if self.files is not None:
+            return [resolve_data_file(f) for f in self.files]
+        return [data_root() / f for f in DATASETS[self.dataset]]
+
+    def load_splits(self) -> dict[str, list[QAExample]]:
+        if not self.splits:
+            examples = read_dataset(self.source_files())
+            train, val, test = split_by_group(
+                examples, self.val_groups, self.test_groups, self.split_seed
+            )
+            self.splits = {"train": train, "val": val, "test": test}
+        return self.splits
+
+    def load_tokenizer(self) -> TextTokenizer:
+        """Load ``tokenizer_path``, or train (and cache) a BPE on the training split."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if self.tokenizer_path is not None:
+            self.tokenizer = load_tokenizer(self.tokenizer_path)
+            return self.tokenizer
+        splits = self.load_splits()
+        files = [str(f) for f in self.source_files()] + list(self.extra_text_files)
+        key = _hash(files, self.tokenizer_vocab_size, self.split_seed, self.val_groups,
+                    self.test_groups)  # fmt: skip
+        path = self.cache_dir / f"tokenizer-{key}.json"
+        if path.is_file():
+            self.tokenizer = load_tokenizer(path)
+        else:
+            self.tokenizer = train_bpe_tokenizer(
+                self.training_texts(splits["train"]), self.tokenizer_vocab_size, path
+            )
+        return self.tokenizer
+
+    def training_texts(self, train: Sequence[QAExample]) -> Iterator[str]:
+        """Text a tokenizer learns from: training passages, questions, answers, extra files."""
+        for _, p in passage_pool(train):
+            yield p.text
+        for ex in train:
+            yield ex.question + " " + " ".join(ex.answers)
+        for file in self.extra_text_files:
+            yield Path(file).read_text(encoding="utf-8")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.load_tokenizer().vocab_size
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.encoded:
+            return
+        tok = self.load_tokenizer()
+        for name, examples in self.load_splits().items():
+            self.encoded[name] = self.encode_split(name, examples, tok)
+
+    def _subset(self, examples: list[QAExample], n: int | None, salt: int) -> list[QAExample]:
+        if n is None or n >= len(examples):
+            return examples
+        idx = np.sort(np.random.default_rng([self.split_seed, salt]).permutation(len(examples))[:n])
+        return [examples[i] for i in idx]
+
+    def encode_split(
+        self, name: str, examples: list[QAExample], tok: TextTokenizer
+    ) -> list[EncodedExample]:
+        train = name == "train"
+        limit = self.max_train_examples if train else self.max_eval_examples
+        examples = self._subset(examples, limit, {"train": 0, "val": 1, "test": 2}[name])
+        pool = passage_pool(self.splits[name])
+        special = {i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None}
+        out, dropped = [], 0
+        salt = {"train": 11, "val": 12, "test": 13}[name]
+        for i, ex in enumerate(examples):
+            rng = np.random.default_rng([self.seed, salt, i])
+            passages = arrange_passages(ex, self.num_distractors, self.distractor_source, pool, rng)
+            # eval answers are never dropped for length: their targets only feed the val loss
+            enc = encode_example(
+                ex, tok, passages, self.max_length,
+                self.max_answer_tokens if train else 10**6, self.max_passage_tokens, rng,
+            )  # fmt: skip
+            if enc is None:
+                dropped += 1
+                continue
+            if train and self.noise_rate > 0:
+                enc.labels = corrupt_labels(
+                    enc.answer, self.noise_rate, tok.vocab_size, special, rng
+                )
+            out.append(enc)
+        self.dropped[name] = dropped
+        return out
+
+    # ---------------------------------------------------------- loaders
+    def _loader(self, name: str, shuffle: bool) -> DataLoader:
+        tok = self.load_tokenizer()
+        return DataLoader(
+            self.encoded[name],  # type: ignore[arg-type]
+            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=_Collate(tok.pad_id),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False)
+
+
+# ------------------------------------------------------ plain-text stage
+def text_chunks(ids: Sequence[int], length: int) -> list[list[int]]:
+    """Non-overlapping chunks of ``length + 1`` tokens (inputs plus shifted targets)."""
+    n = (len(ids) - 1) // length
+    return [list(ids[i * length : i * length + length + 1]) for i in range(n)]
+
+
+def collate_text(chunks: Sequence[Sequence[int]]) -> dict[str, Tensor]:
+    x = torch.tensor([list(c) for c in chunks], dtype=torch.long)
+    return {
+        "input_ids": x[:, :-1],
+        "attention_mask": torch.ones_like(x[:, :-1]),
+        "labels": x[:, 1:],
+    }
+
+
+class QAPretrainDataModule(QADataModule):
+    """Language-model pretraining text for a model trained from scratch.
+
+    Train: the training split's passages plus the first ``train_fraction`` of
+    each ``extra_text_files`` file, and with ``qa_pairs`` the training QA pairs
+    in the SFT format (off by default: a later noisy-SFT comparison must not
+    have seen the clean answers); validation: the validation split's passages
+    and the rest of the text files. Test articles are never read. Cut into
+    chunks of ``seq_len`` tokens; the loss is on every token.
+    """
+
+    def __init__(
+        self, seq_len: int = 256, train_fraction: float = 0.9, qa_pairs: bool = False,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.seq_len, self.train_fraction, self.qa_pairs = seq_len, train_fraction, qa_pairs
+        self.chunks: dict[str, list[list[int]]] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.chunks:
+            return
+        tok = self.load_tokenizer()
+        splits = self.load_splits()
+        for name in ("train", "val"):
+            ids: list[int] = []
+            for _, p in passage_pool(splits[name]):
+                ids += [tok.eos_id] + tok.encode(p.text)
+            if name == "train" and self.qa_pairs:
+                for ex in splits["train"]:
+                    enc = encode_example(
+                        ex, tok, ex.gold, self.max_length, self.max_answer_tokens,
+                        self.max_passage_tokens, np.random.default_rng([self.seed, 7, len(ids)]),
+                    )  # fmt: skip
+                    if enc is not None:
+                        ids += enc.prompt + enc.answer
+            for file in self.extra_text_files:
+                text = Path(file).read_text(encoding="utf-8")
+                cut = int(len(text) * self.train_fraction)
+                ids += [tok.eos_id] + tok.encode(text[:cut] if name == "train" else text[cut:])
+            self.chunks[name] = text_chunks(ids, self.seq_len)
+
+    def _text_loader(self, name: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.chunks[name],  # type: ignore[arg-type]
+            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=collate_text,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._text_loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._text_loader("val", False)
+
+    def test_dataloader(self) -> DataLoader:
+        raise NotImplementedError("the pretraining stage has no test split; test on QADataModule")
