@@ -160,6 +160,22 @@ def observation_log_precision(
     return -torch.log(s2_z.clamp_min(torch.finfo(torch.float32).tiny))
 
 
+@torch.no_grad()
+def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: float) -> None:
+    """In place: ``s0^2 <- (1 - m) s0^2 + m Var(v)``, the values' per-head variance.
+
+    ``Var(v) = mean over valid positions of ||v_j - mean v||^2 / d_h``, pooled
+    over the batch (like BatchNorm's running statistics: a buffer, never the
+    current sequence alone, so causality holds).
+    values: (B, H, T, d_h); valid: (B, T); sill: (H,).
+    """
+    v = values.float().transpose(1, 2)[valid]  # (N, H, d_h)
+    if v.shape[0] < 2:
+        return
+    var = (v - v.mean(dim=0)).square().mean(dim=(0, 2))  # (H,)
+    sill.lerp_(var.to(sill.dtype), momentum)
+
+
 def kalman_gain(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:
     """``K = lambda_obs / (lambda + lambda_obs) = sigmoid(log lambda_obs - log lambda)``.
 
@@ -221,15 +237,40 @@ def pooled_jacobian(dphi: Tensor, m: Tensor, norm_sigma: Tensor) -> Tensor:
     return (upcast(dphi) @ m) / upcast(norm_sigma).unsqueeze(-1)
 
 
+class _GeluDerivative(torch.autograd.Function):
+    """``phi'(a) = Phi(a) + a phi(a)`` with ``phi''(a) = phi(a) (2 - a^2)`` in backward.
+
+    Saves only ``a`` (which the FFN keeps for GELU's own backward anyway), so
+    the Jacobian path adds no activation memory.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a)
+        af = upcast(a)
+        return (
+            0.5 * (1.0 + torch.erf(af * _INV_SQRT2))
+            + af * torch.exp(-0.5 * af * af) * _INV_SQRT_2PI
+        )
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (a,) = ctx.saved_tensors
+        af = upcast(a)
+        pdf = torch.exp(-0.5 * af * af) * _INV_SQRT_2PI
+        return (grad * pdf * (2.0 - af * af)).to(a.dtype)
+
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
 def activation_derivative(a: Tensor, activation: str) -> Tensor:
-    """``phi'(a)`` for ``relu`` and exact ``gelu`` (``Phi(a) + a phi(a)``)."""
+    """``phi'(a)`` for ``relu`` (a step: zero second derivative) and exact ``gelu``."""
     if activation == "relu":
-        return (a > 0).to(a.dtype)
+        return (a.detach() > 0).to(a.dtype)
     if activation == "gelu":
-        a = upcast(a)
-        cdf = 0.5 * (1.0 + torch.erf(a / math.sqrt(2.0)))
-        pdf = torch.exp(-0.5 * a.square()) / math.sqrt(2.0 * math.pi)
-        return cdf + a * pdf
+        return _GeluDerivative.apply(a)
     raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
 
 

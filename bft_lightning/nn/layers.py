@@ -180,7 +180,7 @@ class BFTEncoderLayer(nn.Module):
         f, _ = self._ffn(self.norm2(h))
         h = h + self.dropout2(f)
         if self.record:
-            self._record_off(h, valid, weights, gate)
+            self.last_stats = FilterStats.plain(valid, self.groups, weights, gate, self.nhead)
         return h
 
     def _forward_on(
@@ -247,29 +247,8 @@ class BFTEncoderLayer(nn.Module):
         p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
         return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
 
-    @torch.no_grad()
     def _update_sill(self, values: Tensor, valid: Tensor) -> None:
-        """Running per-head variance of the values over valid positions (like BatchNorm)."""
-        v = values.float().transpose(1, 2)[valid]  # (N, H, d_h)
-        if v.shape[0] < 2:
-            return
-        var = (v - v.mean(dim=0)).square().mean(dim=(0, 2))  # (H,)
-        self.sill.lerp_(var.to(self.sill.dtype), self.sill_momentum)
-
-    def _record_off(
-        self, h: Tensor, valid: Tensor, weights: Tensor | None, gate: Tensor | None
-    ) -> None:
-        b, t, _ = h.shape
-        ones = torch.ones(b, t, self.groups, device=h.device)
-        zeros = torch.zeros_like(ones)
-        n_eff = torch.zeros(b, t, self.nhead, device=h.device)
-        if weights is not None:
-            n_eff = BF.kish_n_eff(weights.float().square().sum(-1)).transpose(1, 2)
-        self.last_stats = FilterStats.detached(
-            valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones, n_eff=n_eff,
-            log_prec_post=zeros, jbar=zeros, log_prec_out=zeros,
-            q=torch.zeros(self.groups, device=h.device), attention=weights, gate=gate,
-        )  # fmt: skip
+        BF.update_running_sill_(self.sill, values, valid, self.sill_momentum)
 
 
 class BFTEncoder(nn.Module):

@@ -142,3 +142,10 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
     # and the leading term is the dominant part of the true diagonal
     corr = torch.corrcoef(torch.stack([jac.diagonal(), leading]))[0, 1]
     assert corr > 0.8
+
+
+def test_gelu_derivative_matches_autograd_and_gradchecks() -> None:
+    a = torch.linspace(-4, 4, 41, dtype=torch.float64, requires_grad=True)
+    (auto,) = torch.autograd.grad(torch.nn.functional.gelu(a).sum(), a, create_graph=True)
+    torch.testing.assert_close(BF.activation_derivative(a, "gelu"), auto)
+    assert torch.autograd.gradcheck(lambda x: BF.activation_derivative(x, "gelu"), (a,))
