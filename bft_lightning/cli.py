@@ -9,14 +9,18 @@ model.init_args.max_len``.
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 
 import bft_lightning.callbacks  # noqa: F401  (short names for --trainer.callbacks)
 import bft_lightning.datamodules  # noqa: F401
 import bft_lightning.models  # noqa: F401
 import bft_lightning.tasks  # noqa: F401
+from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 
 
 class BFTCLI(LightningCLI):
@@ -31,26 +35,149 @@ class BFTCLI(LightningCLI):
             self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         )
 
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        check_world_size(trainer)
+        return trainer
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        self._checkpoint = self._read_checkpoint()
+
+    def _ckpt_path(self) -> str | None:
+        """``--ckpt_path`` when it names a local file (not ``last``/``best``/a URL)."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path is None or str(path) in ("last", "best", "hpc", "registry") or "://" in str(path):
+            return None
+        return str(path)
+
+    def _read_checkpoint(self) -> dict[str, Any] | None:
+        """Load ``--ckpt_path`` safely before LightningCLI reads its hyperparameters.
+
+        A missing, truncated, corrupt or unsafe file, or one saved from another
+        LightningModule class than the config builds, stops here with a message
+        naming the file, before anything is instantiated or written.
+        """
+        path = self._ckpt_path()
+        if path is None:
+            return None
+        try:
+            checkpoint = safe_load_checkpoint(path)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: --ckpt_path {err}") from None
+        saved = (checkpoint.get("hyper_parameters") or {}).get("_class_path")
+        model = self.config[self.config["subcommand"]].get("model")
+        wanted = model.get("class_path") if hasattr(model, "get") else None
+        if saved and wanted and not _related(_resolve(saved), _resolve(wanted)):
+            raise SystemExit(
+                f"error: --ckpt_path {path}: checkpoint from another model: saved from "
+                f"{saved}, the config builds {wanted}"
+            )
+        return checkpoint
+
+    def _check_checkpoint(self) -> None:
+        """Check ``--ckpt_path`` against the built model before anything runs or is written."""
+        path, checkpoint = self._ckpt_path(), getattr(self, "_checkpoint", None)
+        check = getattr(self.model, "check_checkpoint", None)
+        if path is None or checkpoint is None or check is None:
+            return
+        try:
+            check(checkpoint, path)
+        except ValueError as err:
+            raise SystemExit(f"error: --ckpt_path {err}") from None
+
+    def before_fit(self) -> None:
+        self._check_checkpoint()
+
+    def before_validate(self) -> None:
+        self._check_checkpoint()
+
+    def before_test(self) -> None:
+        self._check_checkpoint()
+
+    def before_predict(self) -> None:
+        self._check_checkpoint()
+
+
+def _resolve(class_path: str) -> object:
+    """The object a dotted path names, or the path itself if it does not import."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return class_path
+
+
+def _related(a: object, b: object) -> bool:
+    """Same class, or one a subclass of the other (unresolved paths: equal strings)."""
+    if isinstance(a, type) and isinstance(b, type):
+        return issubclass(a, b) or issubclass(b, a)
+    return a == b
+
+
+def _launch_hint() -> str:
+    local = os.environ.get("LOCAL_WORLD_SIZE", "N")
+    return f"e.g. --trainer.devices={local} --trainer.num_nodes=<nodes> --trainer.strategy=ddp"
+
 
 def check_launch(config) -> None:  # type: ignore[no-untyped-def]
-    """Refuse a launcher whose world size disagrees with ``devices x num_nodes``.
+    """Refuse a launch whose layout disagrees with ``trainer.devices x trainer.num_nodes``.
 
-    Under ``torchrun`` with ``devices=1`` and the default strategy, each process
-    would silently train its own copy of the model.
+    - Under ``torchrun`` (``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` set) with
+      ``devices=1`` and the default strategy, each process would silently train
+      its own copy of the model: the world size must equal ``devices x num_nodes``.
+    - Launched by hand on several nodes (``NODE_RANK`` set), ``NODE_RANK`` must
+      be below ``num_nodes``.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or "LOCAL_WORLD_SIZE" not in os.environ:
-        return
-    trainer = config.get("trainer", {})
+    trainer = config.get("trainer", {}) or {}
     devices, nodes = trainer.get("devices", "auto"), int(trainer.get("num_nodes", 1) or 1)
-    if isinstance(devices, int | str) and str(devices).isdigit():
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torchrun = "LOCAL_WORLD_SIZE" in os.environ
+    if torchrun and world > 1 and isinstance(devices, int | str) and str(devices).isdigit():
         expected = int(devices) * nodes
         if expected != world:
             raise SystemExit(
                 f"launcher world size WORLD_SIZE={world} but trainer.devices={devices} x "
-                f"trainer.num_nodes={nodes} = {expected}; set them to match (e.g. "
-                f"--trainer.devices={int(os.environ['LOCAL_WORLD_SIZE'])} --trainer.strategy=ddp)"
+                f"trainer.num_nodes={nodes} = {expected}; set them to match ({_launch_hint()})"
             )
+    if torchrun or "SLURM_NTASKS" in os.environ:
+        return  # the launcher's own environment wins
+    node_rank = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK"))
+    if node_rank is not None and node_rank.isdigit() and int(node_rank) >= nodes:
+        raise SystemExit(
+            f"NODE_RANK={node_rank} but trainer.num_nodes={nodes}: node ranks run 0..num_nodes-1; "
+            f"set --trainer.num_nodes to the number of nodes on every node"
+        )
+
+
+def check_world_size(trainer: Trainer) -> None:
+    """After the trainer is built: its layout must fit the launcher.
+
+    Under ``torchrun`` its process count must be the launcher's world size; this
+    catches what the config check cannot see (``devices="auto"`` or ``-1``
+    resolving to one device per process, ``strategy="auto"`` picking a
+    single-device strategy): each process would train alone, on all the data.
+    Launched by hand with ``num_nodes > 1``, ``MASTER_ADDR`` must be set (else
+    every node waits for a master on its own localhost).
+    """
+    if "LOCAL_WORLD_SIZE" not in os.environ:
+        if trainer.num_nodes > 1 and "SLURM_NTASKS" not in os.environ:
+            if not os.environ.get("MASTER_ADDR"):
+                raise SystemExit(
+                    f"trainer.num_nodes={trainer.num_nodes} but MASTER_ADDR is not set: set "
+                    "MASTER_ADDR (the address of node 0), MASTER_PORT and NODE_RANK on every node"
+                )
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    mine = trainer.num_nodes * trainer.num_devices
+    if world > 1 and mine != world:
+        raise SystemExit(
+            f"launcher world size WORLD_SIZE={world} but the trainer runs "
+            f"{trainer.num_nodes} node(s) x {trainer.num_devices} device(s) = {mine} process(es) "
+            f"with {type(trainer.strategy).__name__}; each process would train its own copy. "
+            f"Set them to match ({_launch_hint()})"
+        )
 
 
 def main(args: list[str] | None = None, run: bool = True) -> BFTCLI:

@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +130,27 @@ def load_sequences(
     format: str | None = None,
     kcore: int | None = None,
     cache_dir: str | Path | None = None,
+    validate: Callable[[SequenceData], None] | None = None,
 ) -> SequenceData:
-    """Read and remap ``path``, through the ``.npz`` cache when ``cache_dir`` is set."""
+    """Read and remap ``path``, through the ``.npz`` cache when ``cache_dir`` is set.
+
+    ``validate`` (raising on data that cannot be used) runs before the cache is
+    written, so unusable data leaves no cache file behind.
+    """
+    check = validate or (lambda data: None)
     if cache_dir is None:
-        return encode(read_interactions(path, format, kcore))
+        data = encode(read_interactions(path, format, kcore))
+        check(data)
+        return data
     path = Path(path)
     format = format or sniff_format(path)
     key = cache_key(source_files(path), {"format": format, "kcore": kcore})
     target = cache_path(cache_dir, path.name, key)
-    data = load_cached(target, key)
-    if data is None:
-        data = encode(read_interactions(path, format, kcore))
-        save_cached(target, data, key)
+    cached = load_cached(target, key)
+    if cached is not None:
+        check(cached)
+        return cached
+    data = encode(read_interactions(path, format, kcore))
+    check(data)
+    save_cached(target, data, key)
     return data

@@ -41,6 +41,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -697,6 +698,39 @@ class QADataModule(L.LightningDataModule):
 
 
 # ------------------------------------------------------ plain-text stage
+_SENTENCE = re.compile(r"[^.!?]+[.!?]?")
+_WORD = re.compile(r"\S+")
+
+
+def cloze_examples(
+    passages: Sequence[Passage], per_passage: int, rng: np.random.Generator
+) -> list[QAExample]:
+    """Self-supervised extraction questions from passages, no QA labels.
+
+    The question is a sentence of the passage with a span of 1 to 4 words
+    replaced by ``_``; the answer is that span (trailing punctuation dropped).
+    Teaches a model trained from scratch to find and copy a span of its
+    context (cf. span-selection pretraining, Glass et al. 2020).
+    """
+    out = []
+    for i, p in enumerate(passages):
+        sentences = [m for m in _SENTENCE.finditer(p.text) if len(m.group().split()) >= 6]
+        for j in range(per_passage if sentences else 0):
+            sent = sentences[int(rng.integers(len(sentences)))]
+            words = list(_WORD.finditer(sent.group()))
+            n = int(rng.integers(1, 5))
+            first = int(rng.integers(1, len(words) - n + 1)) if len(words) > n + 1 else 1
+            last = min(first + n, len(words)) - 1
+            a0, a1 = sent.start() + words[first].start(), sent.start() + words[last].end()
+            answer = p.text[a0:a1].rstrip(".,;:!?\"')")
+            if not answer:
+                continue
+            text = sent.group()
+            question = text[: words[first].start()] + "_" + text[words[last].end() :]
+            out.append(QAExample(f"cloze-{i}-{j}", question.strip(), [answer], [p], "cloze", a0))
+    return out
+
+
 def text_chunks(ids: Sequence[int], length: int) -> list[list[int]]:
     """Non-overlapping chunks of ``length + 1`` tokens (inputs plus shifted targets)."""
     n = (len(ids) - 1) // length
@@ -716,19 +750,22 @@ class QAPretrainDataModule(QADataModule):
     """Language-model pretraining text for a model trained from scratch.
 
     Train: the training split's passages plus the first ``train_fraction`` of
-    each ``extra_text_files`` file, and with ``qa_pairs`` the training QA pairs
-    in the SFT format (off by default: a later noisy-SFT comparison must not
-    have seen the clean answers); validation: the validation split's passages
-    and the rest of the text files. Test articles are never read. Cut into
-    chunks of ``seq_len`` tokens; the loss is on every token.
+    each ``extra_text_files`` file; ``cloze_per_passage`` self-supervised
+    extraction questions per training passage (:func:`cloze_examples`) in the
+    SFT format; and with ``qa_pairs`` the training QA pairs (off by default: a
+    later noisy-SFT comparison must not have seen the clean answers).
+    Validation: the validation split's passages and the rest of the text
+    files. Test articles are never read. Cut into chunks of ``seq_len``
+    tokens; the loss is on every token.
     """
 
     def __init__(
         self, seq_len: int = 256, train_fraction: float = 0.9, qa_pairs: bool = False,
-        **kwargs: Any,
+        cloze_per_passage: int = 0, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.seq_len, self.train_fraction, self.qa_pairs = seq_len, train_fraction, qa_pairs
+        self.cloze_per_passage = cloze_per_passage
         self.chunks: dict[str, list[list[int]]] = {}
 
     def setup(self, stage: str | None = None) -> None:
@@ -740,8 +777,15 @@ class QAPretrainDataModule(QADataModule):
             ids: list[int] = []
             for _, p in passage_pool(splits[name]):
                 ids += [tok.eos_id] + tok.encode(p.text)
+            qa: list[QAExample] = []
+            if name == "train" and self.cloze_per_passage:
+                pool = [p for _, p in passage_pool(splits["train"])]
+                qa += cloze_examples(pool, self.cloze_per_passage, np.random.default_rng(self.seed))
             if name == "train" and self.qa_pairs:
-                for ex in splits["train"]:
+                qa += splits["train"]
+            if qa:
+                order = np.random.default_rng([self.seed, 5]).permutation(len(qa))
+                for ex in (qa[i] for i in order):
                     enc = encode_example(
                         ex, tok, ex.gold, self.max_length, self.max_answer_tokens,
                         self.max_passage_tokens, np.random.default_rng([self.seed, 7, len(ids)]),

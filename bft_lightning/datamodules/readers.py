@@ -8,7 +8,8 @@ Rules shared by all readers:
 
 - A bad line raises ``ValueError`` whose message starts with ``<file>:<line>:``
   and says what is wrong (wrong field count, non-integer id, negative id,
-  broken JSON, missing key). A missing file raises ``FileNotFoundError``; a file
+  non-numeric, non-finite or out-of-range timestamp, broken JSON, missing
+  key). A missing file raises ``FileNotFoundError``; a file
   with no interactions raises ``ValueError``. No row is ever dropped silently;
   blank lines are not rows and are skipped.
 - Duplicates are kept as they are (Yelp users review a business again).
@@ -25,6 +26,7 @@ import csv
 import gzip
 import io
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +109,20 @@ def _int_id(token: str, path: Path, lineno: int, what: str = "id") -> int:
     return value
 
 
+_MAX_TIME = 2**62  # int64 with room to spare (also fits millisecond timestamps)
+
+
 def _int_time(token: str, path: Path, lineno: int) -> int:
     """Parse a unix timestamp (integer or float text) into whole seconds."""
     try:
-        return int(float(token))
+        value = float(token)
     except ValueError:
         raise _bad(path, lineno, f"non-numeric timestamp {token!r}") from None
+    if not math.isfinite(value):
+        raise _bad(path, lineno, f"non-finite timestamp {token!r}")
+    if abs(value) >= _MAX_TIME:
+        raise _bad(path, lineno, f"timestamp {token!r} out of range (|t| < 2**62)")
+    return int(token) if token.strip().lstrip("+-").isdigit() else int(value)
 
 
 def _open_text(path: Path) -> io.TextIOBase:

@@ -20,9 +20,12 @@ Validation / test (one row per user with >= 3 items; not shuffled):
     ``input_time`` ``(B, max_len)`` and ``target_time`` ``(B,)`` (only with timestamps).
 
 Users with fewer than 3 items train only and are never evaluated; see
-:mod:`.splits` for all split rules. Under DDP, Lightning's
-``DistributedSampler`` may repeat a few evaluation rows to even out ranks;
-the ``user`` index lets the ranking metric count every user exactly once.
+:mod:`.splits` for all split rules; data with no evaluated user or no training
+row is refused. Under DDP, Lightning's ``DistributedSampler`` may repeat a few
+evaluation rows to even out ranks; the ``user`` index lets the ranking metric
+count every user exactly once. Training rows are sharded by
+``DistributedLengthBucketSampler``: N processes with ``batch_size`` b see the
+global batches one process with batch N*b would.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from bft_lightning.utils.resume import ResumableDataLoader
 
 from .cache import load_sequences
 from .readers import kcore_filter
@@ -42,7 +47,13 @@ from .registry import resolve_dataset
 from .splits import LeaveOneOut, SequenceData, encode, eval_arrays, leave_one_out, train_arrays
 from .synthetic import SyntheticConfig, make_synthetic
 
-__all__ = ["ArrayDataset", "LengthBucketSampler", "SequenceDataModule", "collate_arrays"]
+__all__ = [
+    "ArrayDataset",
+    "DistributedLengthBucketSampler",
+    "LengthBucketSampler",
+    "SequenceDataModule",
+    "collate_arrays",
+]
 
 Batch = dict[str, torch.Tensor]
 
@@ -55,33 +66,77 @@ class LengthBucketSampler(Sampler[int]):
     shuffled. A batch then trims to its longest row (most histories are short,
     so padding to ``max_len`` wastes most of the compute); every row is still
     seen once an epoch. The order changes every epoch (``seed + epoch``;
-    ``set_epoch`` pins it, as ``DistributedSampler``'s does).
+    ``set_epoch`` pins it, as ``DistributedSampler``'s does). ``pool_batches=1``
+    is a plain shuffle (each batch is a random chunk of the permutation).
+
+    Sharded over ``num_replicas`` processes, the global batches of
+    ``batch_size * num_replicas`` rows are formed exactly as one process with
+    that batch size would form them; rank ``r`` takes every ``num_replicas``-th
+    index from ``r`` (``DistributedSampler``'s layout, padded by repeating the
+    first indices), so its ``i``-th batch is its share of global batch ``i``:
+    N processes with batch ``b`` see the same global batches as one with ``N*b``.
     """
 
     def __init__(
-        self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50
+        self,
+        lengths: np.ndarray,
+        batch_size: int,
+        seed: int = 0,
+        pool_batches: int = 50,
+        num_replicas: int = 1,
+        rank: int = 0,
     ) -> None:
+        if batch_size < 1 or pool_batches < 1 or num_replicas < 1:
+            raise ValueError("need batch_size, pool_batches, num_replicas >= 1")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
         self.lengths, self.batch_size = np.asarray(lengths), batch_size
-        self.seed, self.pool, self.epoch = seed, batch_size * pool_batches, 0
+        self.num_replicas, self.rank = num_replicas, rank
+        global_batch = batch_size * num_replicas
+        self.seed, self.pool, self.epoch = seed, global_batch * pool_batches, 0
+        self.global_batch = global_batch
+        # DistributedSampler's public attributes (read by some tools)
+        self.shuffle, self.drop_last = True, False
+        self.num_samples = -(-len(self.lengths) // num_replicas)
+        self.total_size = self.num_samples * num_replicas
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
         """Lightning calls this before each epoch, so a resumed run sees the same order."""
         self.epoch = epoch
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        rng = np.random.default_rng(self.seed + self.epoch)
-        self.epoch += 1  # a plain loop over epochs still reshuffles
+    def global_order(self, epoch: int) -> np.ndarray:
+        """All ranks' indices of ``epoch``, before sharding and padding."""
+        rng = np.random.default_rng(self.seed + epoch)
         order = rng.permutation(len(self.lengths))
         batches = []
         for start in range(0, len(order), self.pool):
             pool = order[start : start + self.pool]
             pool = pool[np.argsort(self.lengths[pool], kind="stable")]
-            batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
-        for b in rng.permutation(len(batches)):
-            yield from batches[b].tolist()
+            batches += [
+                pool[i : i + self.global_batch] for i in range(0, len(pool), self.global_batch)
+            ]
+        if not batches:
+            return order
+        return np.concatenate([batches[b] for b in rng.permutation(len(batches))])
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        order = self.global_order(self.epoch)
+        self.epoch += 1  # a plain loop over epochs still reshuffles
+        if self.num_replicas > 1:
+            order = np.resize(order, self.total_size)[self.rank :: self.num_replicas]
+        yield from order.tolist()
+
+
+class DistributedLengthBucketSampler(LengthBucketSampler, DistributedSampler):
+    """``LengthBucketSampler`` for one rank of several.
+
+    Being a ``DistributedSampler``, Lightning neither wraps it again nor
+    shuffles its indices, and calls its ``set_epoch`` itself (a wrapped sampler
+    would never see ``set_epoch``, so a resumed run would replay epoch 0's order).
+    """
 
 
 class ArrayDataset(Dataset):
@@ -131,9 +186,12 @@ class SequenceDataModule(L.LightningDataModule):
         kcore: iterative user/item k-core applied after reading (0 = off).
         cache_dir: folder for the processed ``.npz`` cache (``None`` = no cache).
         download: fetch downloadable datasets (MovieLens-1M, Amazon 5-core) if missing.
-        seed: seed of the training shuffle.
+        seed: seed of the training shuffle (epoch ``e`` uses ``seed + e``).
         bucket_by_length: batch training rows of similar length together (see
-            ``LengthBucketSampler``); False gives a plain shuffle.
+            ``LengthBucketSampler``); False gives a plain shuffle. Either way the
+            order is pinned per epoch, sharded over DDP processes by the data
+            module itself, and the loader resumes mid-epoch
+            (``bft_lightning.utils.ResumableDataLoader``).
         synthetic_users: users of the synthetic dataset.
         synthetic_items: items of the synthetic dataset.
         synthetic_clusters: item clusters (user tastes) of the synthetic dataset.
@@ -161,8 +219,16 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_seed: int = 0,
     ) -> None:
         super().__init__()
-        if max_len < 1 or batch_size < 1 or eval_batch_size < 1 or num_workers < 0:
-            raise ValueError("need max_len, batch_size, eval_batch_size >= 1, num_workers >= 0")
+        for name, value, low in [
+            ("max_len", max_len, 1), ("batch_size", batch_size, 1),
+            ("eval_batch_size", eval_batch_size, 1), ("num_workers", num_workers, 0),
+            ("kcore", kcore, 0), ("synthetic_users", synthetic_users, 1),
+            ("synthetic_items", synthetic_items, 1), ("synthetic_clusters", synthetic_clusters, 1),
+        ]:  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"SequenceDataModule: {name} must be an integer >= {low}, got {value!r}"
+                )
         self.save_hyperparameters()
         self.dataset, self.data_root, self.path, self.format = dataset, data_root, path, format
         self.max_len, self.batch_size, self.eval_batch_size = max_len, batch_size, eval_batch_size
@@ -192,7 +258,19 @@ class SequenceDataModule(L.LightningDataModule):
         if self.path is None and self.dataset == "synthetic":
             return encode(kcore_filter(make_synthetic(self.synthetic), self.kcore))
         path, fmt = self._source()
-        return load_sequences(path, fmt, self.kcore, self.cache_dir)
+        source = self._describe()
+
+        def enough(data: SequenceData) -> None:  # before a cache file is written
+            _check_enough(data, leave_one_out(data), source)
+
+        return load_sequences(path, fmt, self.kcore, self.cache_dir, validate=enough)
+
+    def _describe(self) -> str:
+        """The data source, for messages."""
+        if self.path is not None:
+            return str(self.path)
+        where = "" if self.dataset == "synthetic" else f" under {self.data_root}"
+        return f"dataset {self.dataset!r}{where}"
 
     def prepare_data(self) -> None:
         """Download (if asked) and write the cache; Lightning runs this on one process."""
@@ -204,8 +282,10 @@ class SequenceDataModule(L.LightningDataModule):
     def _ensure(self) -> tuple[SequenceData, LeaveOneOut]:
         """Load data and split once (lazily; safe to call from properties)."""
         if self._data is None or self._split is None:
-            self._data = self._read()
-            self._split = leave_one_out(self._data)
+            data = self._read()
+            split = leave_one_out(data)
+            _check_enough(data, split, self._describe())
+            self._data, self._split = data, split
             rank_zero_info(f"SequenceDataModule: {self.stats}")
         return self._data, self._split
 
@@ -274,18 +354,35 @@ class SequenceDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------ loaders
 
+    def _replicas(self) -> tuple[int, int]:
+        """``(world size, global rank)`` of the attached trainer; ``(1, 0)`` without one."""
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0
+        return int(trainer.world_size), int(trainer.global_rank)
+
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
-        """A DataLoader over a pre-built dataset with the stacking collate."""
+        """A DataLoader over a pre-built dataset with the stacking collate.
+
+        Training: an epoch-seeded ``LengthBucketSampler`` (without bucketing,
+        ``pool_batches=1``: a plain shuffle), sharded over the trainer's
+        processes, in a ``ResumableDataLoader`` (exact mid-epoch resume).
+        """
         kwargs: dict[str, Any] = {}
         dataset = self._dataset(name)
-        if shuffle and self.bucket_by_length:
+        loader_class: type[DataLoader] = DataLoader
+        if shuffle:
             lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
-            kwargs["sampler"] = LengthBucketSampler(lengths, batch_size, self.seed)
+            world, rank = self._replicas()
+            sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
+            kwargs["sampler"] = sampler_class(
+                lengths, batch_size, self.seed, pool_batches=50 if self.bucket_by_length else 1,
+                num_replicas=world, rank=rank,
+            )  # fmt: skip
             shuffle = False
-        elif shuffle:
-            kwargs["generator"] = torch.Generator().manual_seed(self.seed)
+            loader_class = ResumableDataLoader
         workers = self.num_workers
-        return DataLoader(
+        return loader_class(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -311,3 +408,21 @@ class SequenceDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The test rows (history up to the last item), for ``predict``."""
         return self._loader("test", self.eval_batch_size, shuffle=False)
+
+
+def _check_enough(data: SequenceData, split: LeaveOneOut, source: str) -> None:
+    """Refuse data too small for leave-one-out training and evaluation."""
+    longest = int(data.lengths.max()) if data.num_users else 0
+    if len(split.eval_users) == 0:
+        raise ValueError(
+            f"{source}: no user has >= 3 interactions ({data.num_users} users, longest history "
+            f"{longest}); leave-one-out holds out each user's last two items for validation and "
+            "test, so at least one user needs 3"
+        )
+    trainable = (split.train_end - split.train_start) >= 2
+    if not trainable.any():
+        raise ValueError(
+            f"{source}: no training rows ({data.num_users} users, longest history {longest}); a "
+            "user trains with 2 items, or with >= 4 (the last two are held out), so at least "
+            "one user needs 2 or >= 4 interactions"
+        )

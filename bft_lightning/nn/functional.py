@@ -166,14 +166,28 @@ def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: 
 
     ``Var(v) = mean over valid positions of ||v_j - mean v||^2 / d_h``, pooled
     over the batch (like BatchNorm's running statistics: a buffer, never the
-    current sequence alone, so causality holds).
+    current sequence alone, so causality holds). Under ``torch.distributed``
+    the moments are summed over all processes first, so every rank holds the
+    sill one process would compute over the global batch (every rank must then
+    run its training forwards in step, as DDP does).
     values: (B, H, T, d_h); valid: (B, T); sill: (H,).
     """
-    v = values.float().transpose(1, 2)[valid]  # (N, H, d_h)
-    if v.shape[0] < 2:
+    v = values.double().transpose(1, 2)[valid]  # (N, H, d_h)
+    moments = torch.cat(
+        [v.sum(dim=(0, 2)), v.square().sum(dim=(0, 2)), v.new_tensor([float(v.shape[0])])]
+    )  # per head: sum, sum of squares; then the count N
+    per_head = v.sum(dim=0)  # (H, d_h): needed for ||mean v||^2
+    moments = torch.cat([moments, per_head.flatten()])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(moments)
+    h, dh = values.shape[1], values.shape[3]
+    n = moments[2 * h]
+    if n < 2:
         return
-    var = (v - v.mean(dim=0)).square().mean(dim=(0, 2))  # (H,)
-    sill.lerp_(var.to(sill.dtype), momentum)
+    mean = moments[2 * h + 1 :].view(h, dh) / n  # (H, d_h)
+    var = moments[h : 2 * h] / (n * dh) - mean.square().mean(dim=1)  # (H,)
+    sill.lerp_(var.clamp_min(0).to(sill.dtype), momentum)
 
 
 def kalman_gain(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:

@@ -7,9 +7,11 @@ the data (``LightningCLI`` links ``data.num_items`` and ``data.max_len``).
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -22,6 +24,39 @@ from bft_lightning.models.sasrec import SASRec
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 
 LOSSES = ("ce", "bce", "sampled_softmax")
+CHECKPOINT_KEY = "bft_lightning"  # what the checkpoint was saved from (classes, num_items)
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _related(class_path: str, cls: type) -> bool:
+    """Whether ``class_path`` names ``cls``, a subclass or a base class of it."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        saved = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return class_path == _qualname(cls)
+    return isinstance(saved, type) and (issubclass(cls, saved) or issubclass(saved, cls))
+
+
+def _check_options(**values: float) -> None:
+    """Finite numbers in range; names the option otherwise."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+    low = {"num_items": 1, "max_len": 1, "num_negatives": 1, "warmup_steps": 0}
+    for name, bound in low.items():
+        if values[name] < bound or int(values[name]) != values[name]:
+            raise ValueError(f"{name} must be an integer >= {bound}, got {values[name]}")
+    for name in ("lr", "weight_decay", "prior_lr_scale"):
+        if values[name] < 0:
+            raise ValueError(f"{name} must be >= 0, got {values[name]}")
+    if values["temperature"] <= 0:
+        raise ValueError(f"temperature must be > 0, got {values['temperature']}")
 
 
 def trim_left_padding(batch: dict[str, Tensor], keep_one: bool = False) -> dict[str, Tensor]:
@@ -89,6 +124,9 @@ class SequentialRecommendation(L.LightningModule):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        _check_options(num_items=num_items, max_len=max_len, num_negatives=num_negatives,
+                       temperature=temperature, lr=lr, weight_decay=weight_decay,
+                       prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
         self.save_hyperparameters(ignore=["backbone"])
         self.model = backbone(num_items, max_len)
         self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
@@ -101,6 +139,13 @@ class SequentialRecommendation(L.LightningModule):
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        data_items = getattr(dm, "num_items", None)
+        if isinstance(data_items, int) and data_items != self.num_items:
+            raise ValueError(
+                f"the model scores num_items={self.num_items} items but the data has "
+                f"{data_items}: evaluate a model on the data (and item ids) it was trained on"
+            )
         freq = self._item_frequency()
         if stage == "fit" and freq is not None:
             self.model.init_prior_from_frequency(freq)
@@ -123,7 +168,41 @@ class SequentialRecommendation(L.LightningModule):
         lp = None if log_prec is None else log_prec[sel]
         loss = self.loss(hidden[sel], labels[sel], lp)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(sel.sum()))
-        return loss
+        return self._global_mean(loss, sel.sum())
+
+    def _global_mean(self, loss: Tensor, count: Tensor) -> Tensor:
+        """Rescale a per-process mean so DDP's gradient average is the mean over all targets.
+
+        DDP averages gradients over processes; processes with different target
+        counts would weigh a target by ``1 / (N * its process's count)``. Scaling
+        by ``N * count / total`` weighs every target by ``1 / total``, as one
+        process with the whole global batch does (one all-reduce of a scalar).
+        """
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world <= 1:
+            return loss
+        count = count.detach().to(loss.dtype)
+        total = self.trainer.strategy.reduce(count.clone(), reduce_op="sum")
+        return loss * (count * world / total.clamp_min(1)) + self._unused_parameters_anchor()
+
+    def _unused_parameters_anchor(self) -> Tensor | float:
+        """``0 *`` the parameters the model declares unused, so plain DDP accepts the model.
+
+        A BFT layer whose output precision feeds nothing (the last layer with
+        ``head="dot"``, ``predict_noise=False``) keeps its ``rho`` for state-dict
+        compatibility but never gets a gradient; DDP without
+        ``find_unused_parameters`` stops on such a parameter. Its gradient
+        becomes 0, and AdamW leaves it where it is (rho is never decayed), so
+        the weights are those of one process. Only under DDP.
+        """
+        unused = [
+            rho
+            for _, layer in find_filter_layers(self.model)
+            if getattr(layer, "predict_noise", True) is False
+            and isinstance(rho := getattr(layer, "rho", None), torch.nn.Parameter)
+            and rho.requires_grad
+        ]
+        return sum((p.sum() * 0.0 for p in unused), 0.0)
 
     def loss(self, hidden: Tensor, target: Tensor, log_prec: Tensor | None) -> Tensor:
         """hidden: (N, d) states with a label; target: (N,) item ids."""
@@ -207,6 +286,64 @@ class SequentialRecommendation(L.LightningModule):
             return None  # no logger, no report_dir: nowhere chosen to write to
         log_dir = self.trainer.log_dir
         return Path(log_dir) if log_dir else None
+
+    # -- checkpoints --------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = {
+            "task": _qualname(type(self)),
+            "backbone": _qualname(type(self.model)),
+            "num_items": self.num_items,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        source = self.trainer.ckpt_path if self._trainer is not None else None
+        self.check_checkpoint(checkpoint, str(source or "checkpoint"))
+
+    def check_checkpoint(self, checkpoint: dict[str, Any], source: str = "checkpoint") -> None:
+        """Raise a clear ``ValueError`` if ``checkpoint`` cannot be this model's.
+
+        Checks, in order: a Lightning checkpoint with a ``state_dict``; the
+        backbone class it was saved from (the same, a subclass or a base); its
+        ``num_items`` against this model's (which the data sets); the parameter
+        names (unless ``strict_loading`` is off) and shapes; finite values in
+        every floating-point tensor.
+        """
+        state = checkpoint.get("state_dict")
+        if not isinstance(state, dict):
+            raise ValueError(f"{source}: not a Lightning checkpoint (no state_dict)")
+        info = checkpoint.get(CHECKPOINT_KEY) or {}
+        saved = info.get("backbone")
+        if saved is not None and not _related(saved, type(self.model)):
+            raise ValueError(
+                f"{source}: checkpoint from another model: its backbone is {saved}, "
+                f"this run builds {_qualname(type(self.model))}"
+            )
+        hparams = checkpoint.get("hyper_parameters") or {}
+        saved_items = info.get("num_items", hparams.get("num_items"))
+        if saved_items is not None and saved_items != self.num_items:
+            raise ValueError(
+                f"{source}: the checkpoint was trained on num_items={saved_items} items but the "
+                f"data has {self.num_items}; use the data (and item ids) it was trained on"
+            )
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if (missing or unexpected) and self.strict_loading:
+            raise ValueError(
+                f"{source}: checkpoint from another model: missing parameters {missing[:4]}, "
+                f"unexpected {unexpected[:4]} ({len(missing)} missing, "
+                f"{len(unexpected)} unexpected)"
+            )
+        for name, tensor in state.items():
+            if not isinstance(tensor, Tensor) or name not in own:
+                continue
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"{source}: parameter {name} has shape {tuple(tensor.shape)} in the "
+                    f"checkpoint, {tuple(own[name].shape)} in this model (other options?)"
+                )
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"{source}: parameter {name} holds NaN or inf values")
 
     # -- optimisation -------------------------------------------------------------------
     def configure_optimizers(self):  # type: ignore[override]

@@ -1,0 +1,229 @@
+"""Llama-format checkpoints on local disk: ``config.json``, ``*.safetensors``, ``tokenizer.json``.
+
+The layout is the one Hugging Face ships (TinyLlama, Llama 2, ...):
+
+- ``config.json``: the architecture (``hidden_size``, ``num_attention_heads``, ...);
+- ``model.safetensors``, or shards ``model-00001-of-0000N.safetensors`` listed in
+  ``model.safetensors.index.json`` (``{"weight_map": {name: file}}``); a legacy
+  ``pytorch_model.bin`` (or its sharded index) is read with ``weights_only=True``;
+- ``tokenizer.json``: a ``tokenizers`` tokenizer (the fast-tokenizer file).
+
+Nothing here touches the network: a missing file is an error that names the
+directory's contents and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class CheckpointError(FileNotFoundError):
+    """A checkpoint directory is missing or incomplete."""
+
+
+def _listing(directory: Path) -> str:
+    names = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    return ", ".join(names[:20]) + (" ..." if len(names) > 20 else "") or "(empty)"
+
+
+def _require_dir(directory: str | Path) -> Path:
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {str(path)!r} does not exist. Point it at a local copy of a "
+            "Llama-format model (config.json + *.safetensors + tokenizer.json); nothing is "
+            "downloaded at run time."
+        )
+    return path
+
+
+def read_config(directory: str | Path) -> dict:
+    """The parsed ``config.json`` of a checkpoint directory."""
+    path = _require_dir(directory)
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        raise CheckpointError(
+            f"{str(path)!r} has no {CONFIG_FILE}; found: {_listing(path)}. A Llama-format "
+            "checkpoint needs config.json, model*.safetensors and tokenizer.json."
+        )
+    with file.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The weight files of a checkpoint, shards in index order; raises if any is missing."""
+    path = _require_dir(directory)
+    for index_name, single in ((SAFETENSORS_INDEX, SAFETENSORS_FILE), (TORCH_INDEX, TORCH_FILE)):
+        index = path / index_name
+        if index.is_file():
+            with index.open(encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map", {})
+            names = list(dict.fromkeys(weight_map.values()))
+            missing = [n for n in names if not (path / n).is_file()]
+            if missing or not names:
+                raise CheckpointError(
+                    f"{str(path)!r}: {index_name} lists shards that are missing: "
+                    f"{missing or '(no weight_map)'}; found: {_listing(path)}"
+                )
+            return [path / n for n in names]
+        if (path / single).is_file():
+            return [path / single]
+    loose = sorted(path.glob("*.safetensors"))
+    if loose:
+        return loose
+    raise CheckpointError(
+        f"{str(path)!r} has no weights ({SAFETENSORS_FILE}, {SAFETENSORS_INDEX} with its "
+        f"shards, or {TORCH_FILE}); found: {_listing(path)}"
+    )
+
+
+def read_state_dict(directory: str | Path, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """All tensors of a checkpoint's weight files, optionally cast to ``dtype``."""
+    out: dict[str, Tensor] = {}
+    for file in weight_files(directory):
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            part = load_file(str(file))
+        else:
+            part = torch.load(file, map_location="cpu", weights_only=True)
+        for name, tensor in part.items():
+            out[name] = (
+                tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+            )
+    return out
+
+
+def write_checkpoint(
+    directory: str | Path,
+    config: dict,
+    state_dict: dict[str, Tensor],
+    max_shard_bytes: int | None = None,
+) -> list[Path]:
+    """Write ``config.json`` and safetensors weights, sharded above ``max_shard_bytes``.
+
+    Sharded output follows the Hugging Face layout (``model-0000i-of-0000N.safetensors``
+    plus ``model.safetensors.index.json``). Returns the weight files written.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    with (path / CONFIG_FILE).open("w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(path / SAFETENSORS_FILE), metadata=meta)
+        return [path / SAFETENSORS_FILE]
+    files, weight_map = [], {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name), metadata=meta)
+        files.append(path / name)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with (path / SAFETENSORS_INDEX).open("w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return files
+
+
+@dataclass
+class TextTokenizer:
+    """A ``tokenizers.Tokenizer`` with the special ids an LM needs.
+
+    ``encode`` never adds special tokens itself: the caller says whether a BOS
+    goes first, so prompts and answers can be encoded apart and joined.
+    """
+
+    tokenizer: object
+    bos_id: int | None
+    eos_id: int
+    pad_id: int
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
+
+    def encode(self, text: str, bos: bool = False) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
+        return ([self.bos_id] if bos and self.bos_id is not None else []) + list(ids)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and (start, end) character offsets of each token in ``text``."""
+        enc = self.tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        return list(enc.ids), [tuple(o) for o in enc.offsets]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))  # type: ignore[attr-defined]
+
+    def save(self, path: str | Path) -> None:
+        self.tokenizer.save(str(path))  # type: ignore[attr-defined]
+
+
+def _token_id(tok: object, names: Iterable[str]) -> int | None:
+    for name in names:
+        i = tok.token_to_id(name)  # type: ignore[attr-defined]
+        if i is not None:
+            return int(i)
+    return None
+
+
+def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenizer:
+    """Load ``tokenizer.json`` (a file, or a checkpoint directory holding one).
+
+    Special ids come from ``config`` (``bos_token_id``, ``eos_token_id``,
+    ``pad_token_id``) when given, else from the usual token strings
+    (``<s>``, ``</s>``, ``<pad>``, ``<|endoftext|>``). Without a pad token the
+    pad id is the EOS id (padding is masked anyway).
+    """
+    from tokenizers import Tokenizer
+
+    file = Path(path).expanduser()
+    if file.is_dir():
+        if config is None and (file / CONFIG_FILE).is_file():
+            config = read_config(file)
+        directory, file = file, file / TOKENIZER_FILE
+        if not file.is_file():
+            raise CheckpointError(
+                f"{str(directory)!r} has no {TOKENIZER_FILE}; found: {_listing(directory)}. "
+                "Only the fast-tokenizer file is read (a sentencepiece tokenizer.model can be "
+                "converted once, offline, with transformers' AutoTokenizer(...).save_pretrained)."
+            )
+    elif not file.is_file():
+        raise CheckpointError(f"tokenizer file {str(file)!r} does not exist")
+    tok = Tokenizer.from_file(str(file))
+    config = config or {}
+    bos = config.get("bos_token_id")
+    eos = config.get("eos_token_id")
+    pad = config.get("pad_token_id")
+    if isinstance(eos, list):
+        eos = eos[0]
+    bos = bos if bos is not None else _token_id(tok, ("<s>", "<|begin_of_text|>", "<bos>"))
+    eos = eos if eos is not None else _token_id(tok, ("</s>", "<|endoftext|>", "<eos>"))
+    if eos is None:
+        raise ValueError(f"{str(file)!r}: no EOS token found; set eos_token_id in config.json")
+    pad = pad if pad is not None else _token_id(tok, ("<pad>", "[PAD]"))
+    return TextTokenizer(tok, bos, int(eos), int(pad if pad is not None else eos))

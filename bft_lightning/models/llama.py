@@ -1,0 +1,579 @@
+"""A Llama-style causal LM whose layers are BFT decoder layers.
+
+``LlamaForCausalLM`` mirrors the parameter names of ``transformers``'
+``LlamaForCausalLM`` (``model.embed_tokens``, ``model.layers.i.self_attn.q_proj``,
+..., ``model.norm``, ``lm_head``), so a Llama-format checkpoint loads by name
+(:meth:`LlamaForCausalLM.from_pretrained`, local files only). With
+``precision="off"`` it computes what ``transformers`` computes.
+
+Precision (``precision="on"``):
+
+- Layer 0 starts from a per-token prior ``tau`` (:class:`PrecisionPrior`, one
+  ``log tau`` per vocabulary id, width 1 or ``G``).
+- The last layer has no process noise: its ``lambda''`` feeds nothing (the LM
+  head reads the state only), so its ``Q`` would get no gradient. Every other
+  layer's ``rho`` and the prior get gradients through later layers' kriging
+  bias and gain.
+- From scratch (``LlamaForCausalLM(config, bft)``): ``tau`` is constant with
+  ``c = 1 / mean Var(h0)`` (the embedding init), ``Q0 = bft.q_init``.
+- From a pretrained checkpoint, :func:`calibrate_precision` on one batch makes
+  BFT start close to the pretrained model; see its docstring for the rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from bft_lightning.models import checkpoint as ckpt
+from bft_lightning.nn import functional as BF
+from bft_lightning.nn import functional_llama as FL
+from bft_lightning.nn.decoder import BFTLlamaDecoderLayer, LayerCache, RMSNorm
+from bft_lightning.nn.prior import PrecisionPrior
+from bft_lightning.nn.stats import FilterStats, find_filter_layers
+
+GATE_BIAS_PRETRAINED = 4.0  # sigmoid(4) = 0.982: a new gate on a loaded model starts near open
+
+
+@dataclass
+class LlamaConfig:
+    """The architecture, with the field names of a Llama ``config.json``.
+
+    Args:
+        vocab_size: vocabulary size.
+        hidden_size: width ``d``.
+        intermediate_size: SwiGLU width ``F``.
+        num_hidden_layers: decoder layers.
+        num_attention_heads: query heads ``H``.
+        num_key_value_heads: key/value heads (GQA); None means ``H``.
+        head_dim: per-head width; None means ``d / H``.
+        max_position_embeddings: the longest context the model was trained for.
+        rms_norm_eps: RMSNorm epsilon.
+        rope_theta: RoPE base (only the default RoPE, no scaling, is supported).
+        attention_bias: biases on q/k/v/o.
+        mlp_bias: biases on the SwiGLU projections.
+        tie_word_embeddings: the LM head shares the embedding matrix.
+        initializer_range: std of the normal init of a model built from scratch.
+        bos_token_id: BOS id, or None.
+        eos_token_id: EOS id, or None.
+        pad_token_id: pad id, or None.
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 2048
+    intermediate_size: int = 5632
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = 4
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} must be divisible by "
+                    f"num_attention_heads={self.num_attention_heads}"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
+
+    @classmethod
+    def from_hf(cls, config: dict) -> LlamaConfig:
+        """From a Llama ``config.json`` dict (transformers 4.x or 5.x layout)."""
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"only SwiGLU (hidden_act='silu') is supported, got {act!r}")
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise NotImplementedError(
+                f"RoPE type {rope_type!r} is not supported (only the default RoPE)"
+            )
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in config.items() if k in known}
+        if isinstance(kwargs.get("eos_token_id"), list):
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
+        theta = rope.get("rope_theta", config.get("rope_theta"))
+        if theta is not None:
+            kwargs["rope_theta"] = float(theta)
+        return cls(**kwargs)
+
+    def to_hf(self) -> dict:
+        """A ``config.json`` dict that ``transformers.LlamaConfig`` reads."""
+        out = asdict(self)
+        out.update(
+            model_type="llama",
+            architectures=["LlamaForCausalLM"],
+            hidden_act="silu",
+            rope_scaling=None,
+            attention_dropout=0.0,
+            pretraining_tp=1,
+            use_cache=True,
+        )
+        return out
+
+
+@dataclass
+class BFTOptions:
+    """How the decoder layers run as Bayesian filters.
+
+    Args:
+        precision: ``"off"`` (the plain Llama) or ``"on"`` (BFT).
+        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
+        groups: precision groups ``G``; None means the number of query heads.
+        q_init: initial process noise ``Q0`` (from scratch; calibration overrides).
+        nu0: REML prior degrees of freedom.
+        sill_momentum: momentum of the running sill.
+        prior_width: width of the per-token prior ``tau``: 1 or ``G``.
+        prior_scale: ``c``; None means ``1 / mean Var(h0)`` of the embedding.
+        dropout: dropout on attention weights and residual branches.
+        attention_impl: ``"sdpa"`` or ``"reference"`` (off mode; on mode always
+            materialises the weights it needs for the statistics).
+    """
+
+    precision: str = "off"
+    attention_gate: str | None = None
+    groups: int | None = None
+    q_init: float = 0.01
+    nu0: float = 1.0
+    sill_momentum: float = 0.01
+    prior_width: int = 1
+    prior_scale: float | None = None
+    dropout: float = 0.0
+    attention_impl: str = "sdpa"
+
+
+@dataclass
+class KVCache:
+    """Per-layer caches plus the next RoPE position of each sequence (B,)."""
+
+    layers: list[LayerCache]
+    positions: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+
+@dataclass
+class CausalLMOutput:
+    """logits: (B, T, V); log_precision: (B, T, G) after the last layer (None when off)."""
+
+    logits: Tensor
+    log_precision: Tensor | None = None
+    cache: KVCache | None = None
+
+
+class LlamaModel(nn.Module):
+    """Embedding, BFT decoder layers and the final RMSNorm (no head)."""
+
+    def __init__(self, config: LlamaConfig, bft: BFTOptions | None = None) -> None:
+        super().__init__()
+        bft = bft or BFTOptions()
+        self.config, self.bft = config, bft
+        n = config.num_hidden_layers
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            BFTLlamaDecoderLayer(
+                d_model=config.hidden_size,
+                n_heads=config.num_attention_heads,
+                n_kv_heads=config.num_key_value_heads,
+                d_ff=config.intermediate_size,
+                head_dim=config.head_dim,
+                rms_norm_eps=config.rms_norm_eps,
+                attention_bias=config.attention_bias,
+                mlp_bias=config.mlp_bias,
+                dropout=bft.dropout,
+                precision=bft.precision,
+                groups=bft.groups,
+                q_init=bft.q_init,
+                nu0=bft.nu0,
+                sill_momentum=bft.sill_momentum,
+                attention_gate=bft.attention_gate,
+                attention_impl=bft.attention_impl,
+                predict_noise=i < n - 1,
+            )
+            for i in range(n)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.head_dim = int(config.head_dim or config.hidden_size // config.num_attention_heads)
+        self.groups = self.layers[0].groups
+        self.prior: PrecisionPrior | None = None
+        if bft.precision == "on":
+            if bft.prior_width not in (1, self.groups):
+                raise ValueError(f"prior_width must be 1 or G={self.groups}, got {bft.prior_width}")
+            self.prior = PrecisionPrior(config.vocab_size, bft.prior_width, padding_idx=None)
+
+    @property
+    def precision(self) -> str:
+        return self.bft.precision
+
+    @property
+    def decoder_layers(self) -> list[BFTLlamaDecoderLayer]:
+        return cast(list[BFTLlamaDecoderLayer], list(self.layers))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor | None, KVCache]:
+        """input_ids, attention_mask: (B, T) (mask 1 = token, 0 = padding).
+
+        With ``cache``, ``input_ids`` are the positions after the cached ones.
+        Returns the normed final state (B, T, d), the final log precision
+        (B, T, G) or None, and the cache including these positions.
+        """
+        b, t = input_ids.shape
+        valid = (
+            torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
+            if attention_mask is None
+            else attention_mask.bool()
+        )
+        start = cache.positions if cache is not None else input_ids.new_zeros(b)
+        positions = (start.unsqueeze(1) + valid.long().cumsum(1) - 1).clamp_min(0)  # (B, T)
+        h = self.embed_tokens(input_ids)  # (B, T, d)
+        rope = FL.rope_tables(positions, self.head_dim, self.config.rope_theta, h.dtype)
+        lp = None
+        if self.prior is not None:
+            lp = self.prior(input_ids).expand(b, t, self.groups)
+            lp = BF.with_padding(lp, valid)
+        new_layers = []
+        for layer in self.decoder_layers:
+            layer.flush_sill()  # last step's running-sill update (see BFTLlamaDecoderLayer)
+        for i, layer in enumerate(self.decoder_layers):
+            past = cache.layers[i] if cache is not None else None
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                h, lp, layer_cache = checkpoint(
+                    layer, h, lp, rope, valid, past, use_reentrant=False
+                )
+            else:
+                h, lp, layer_cache = layer(h, lp, rope, valid, past)
+            new_layers.append(layer_cache)
+        new_cache = KVCache(new_layers, start + valid.long().sum(1))
+        return self.norm(h), lp, new_cache
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus the LM head; ``generate`` does greedy decoding (KV cache or not).
+
+    Set ``model.model.gradient_checkpointing = True`` to recompute each layer in
+    the backward pass: with ``precision="on"`` a layer materialises its (B, H,
+    T, T) attention weights in float32, so activation memory is O(L B H T^2)
+    without it. (A recomputed layer updates its running sill twice a step.)
+
+    Args:
+        config: the architecture.
+        bft: the BFT options (precision, gate, groups, ...).
+    """
+
+    def __init__(self, config: LlamaConfig, bft: BFTOptions | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, bft)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if not self.lm_head.weight.is_meta:
+            self.reset_parameters()
+
+    @property
+    def bft(self) -> BFTOptions:
+        return self.model.bft
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def reset_parameters(self, llama_weights: bool = True) -> None:
+        """Llama's init (normal(0, initializer_range), norms 1) and the from-scratch BFT state.
+
+        ``llama_weights=False`` resets only the BFT parameters (``rho``, sill,
+        gate, prior), e.g. before loading a checkpoint's Llama weights.
+        """
+        std = self.config.initializer_range
+        for name, module in self.named_modules():
+            if not llama_weights and not name.endswith("attn_gate"):
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for layer in self.model.decoder_layers:
+            layer.reset_filter_state()
+        self.tie_weights()
+        prior = self.model.prior
+        if prior is not None and not llama_weights:
+            prior.reset("constant", 1.0)  # placeholder until the checkpoint is loaded
+        elif prior is not None:
+            scale = self.bft.prior_scale
+            if scale is None:  # c = 1 / mean Var(h0), in RMSNorm units (mean square)
+                scale = 1.0 / float(self.model.embed_tokens.weight.float().square().mean())
+            prior.reset("constant", scale)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> CausalLMOutput:
+        """input_ids, attention_mask: (B, T). Returns logits (B, T, V) and, with
+        ``use_cache`` (or a ``cache`` given), the cache extended by these positions."""
+        h, lp, new_cache = self.model(input_ids, attention_mask, cache)
+        logits = self.lm_head(h)
+        keep = use_cache or cache is not None
+        return CausalLMOutput(logits, lp, new_cache if keep else None)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        max_new_tokens: int = 32,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Greedy decoding of left-padded prompts (B, P) -> new tokens (B, N <= max_new_tokens).
+
+        After a sequence emits ``eos_token_id`` it is filled with ``pad_token_id``
+        (default: the EOS id); decoding stops when every sequence has ended.
+        """
+        if attention_mask is not None and not bool(attention_mask[:, -1].all()):
+            raise ValueError("generate needs left-padded prompts (attention_mask[:, -1] all 1)")
+        b = input_ids.shape[0]
+        eos = eos_token_id if eos_token_id is not None else self.config.eos_token_id
+        pad = pad_token_id if pad_token_id is not None else (eos if eos is not None else 0)
+        mask = (
+            attention_mask.long()
+            if attention_mask is not None
+            else torch.ones_like(input_ids, dtype=torch.long)
+        )
+        ids = input_ids
+        out = self(ids, mask, use_cache=use_cache)
+        finished = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+        new: list[Tensor] = []
+        ones = mask.new_ones(b, 1)
+        for step in range(max_new_tokens):
+            nxt = out.logits[:, -1].argmax(-1)
+            nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
+            new.append(nxt)
+            if eos is not None:
+                finished = finished | (nxt == eos)
+            if bool(finished.all()) or step == max_new_tokens - 1:
+                break
+            if use_cache:
+                out = self(nxt.unsqueeze(1), ones, cache=out.cache)
+            else:
+                ids, mask = torch.cat((ids, nxt.unsqueeze(1)), 1), torch.cat((mask, ones), 1)
+                out = self(ids, mask)
+        if not new:
+            return input_ids.new_zeros(b, 0)
+        return torch.stack(new, dim=1)
+
+    # ------------------------------------------------------------- checkpoints
+    def load_llama_state_dict(self, state_dict: dict[str, Tensor]) -> None:
+        """Load Llama weights by name; the BFT tensors (prior, rho, sill, gate) may be absent.
+
+        Raises on any other missing or unexpected key.
+        """
+        sd = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        missing, unexpected = self.load_state_dict(sd, strict=False)
+        bft_keys = (".rho", ".sill", "model.prior.", ".attn_gate.")
+        missing = [k for k in missing if not any(s in k for s in bft_keys)]
+        if self.config.tie_word_embeddings:
+            missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the config: missing {missing[:8]}, "
+                f"unexpected {list(unexpected)[:8]}"
+            )
+        self.tie_weights()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        bft: BFTOptions | None = None,
+        dtype: torch.dtype | None = torch.float32,
+    ) -> LlamaForCausalLM:
+        """Build from a local Llama-format directory (``config.json`` + safetensors).
+
+        BFT parameters the checkpoint lacks start as follows: the prior is
+        uniform in RMSNorm units per token id (``log tau_i = -2 log rms(e_i)``,
+        which by the delta rule leaves layer-0 attention exactly softmax); a
+        sigmoid gate starts nearly open (weight 0, bias ``GATE_BIAS_PRETRAINED``).
+        Call :func:`calibrate_precision` on a batch before training to set
+        ``c``, ``Q`` and the sill (``LanguageSFT`` does this on its first batch).
+        """
+        config = LlamaConfig.from_hf(ckpt.read_config(directory))
+        state = ckpt.read_state_dict(directory, dtype)
+        with torch.device("meta"):
+            model = cls(config, bft)
+        model = model.to_empty(device="cpu")
+        model.reset_parameters(llama_weights=False)  # the Llama weights come from the file
+        model.load_llama_state_dict(state)
+        if dtype is not None:
+            model = model.to(dtype)
+        model.init_bft_from_pretrained()
+        return model
+
+    @torch.no_grad()
+    def init_bft_from_pretrained(self) -> None:
+        """Start the BFT parameters of a loaded model near the pretrained behaviour."""
+        for layer in self.model.decoder_layers:
+            gate = layer.self_attn.attn_gate
+            if gate is not None:
+                nn.init.zeros_(gate.weight)
+                nn.init.constant_(gate.bias, GATE_BIAS_PRETRAINED)
+        prior = self.model.prior
+        if prior is not None:
+            log_rms2 = (
+                2.0
+                * torch.log(
+                    BF.norm_sigma(
+                        self.model.embed_tokens.weight[None], self.config.rms_norm_eps, True
+                    )
+                )[0]
+            )  # (V,)
+            prior.log_tau.weight.copy_(-log_rms2.unsqueeze(1).expand_as(prior.log_tau.weight))
+
+    def save_pretrained(self, directory: str | Path, max_shard_bytes: int | None = None) -> None:
+        """Write ``config.json`` and the Llama weights (no BFT tensors) as safetensors."""
+        llama = {
+            k: v
+            for k, v in self.state_dict().items()
+            if not any(s in k for s in (".rho", ".sill", "model.prior.", ".attn_gate."))
+        }
+        if self.config.tie_word_embeddings:
+            llama.pop("lm_head.weight", None)
+        ckpt.write_checkpoint(directory, self.config.to_hf(), llama, max_shard_bytes)
+
+
+def _inverse_softplus(q: Tensor) -> Tensor:
+    q = q.clamp_min(1e-12)
+    return torch.where(q > 20, q, torch.log(torch.expm1(q)))
+
+
+@dataclass
+class CalibrationReport:
+    """Median gain per layer (one row per layer, one value per group) after calibration."""
+
+    median_gain: list[list[float]] = field(default_factory=list)
+    log_c: list[float] = field(default_factory=list)
+    q: list[list[float]] = field(default_factory=list)
+
+
+@torch.no_grad()
+def calibrate_precision(
+    model: LlamaForCausalLM,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    target_gain: float = 0.9,
+    iterations: int = 3,
+) -> CalibrationReport:
+    """Set the prior, ``Q`` and the sill so BFT starts near the pretrained model.
+
+    A pretrained model is the case ``K = 1`` with softmax attention. The rule,
+    with ``r = target_gain / (1 - target_gain)`` (the odds ``lambda_obs / lambda``
+    that give ``K = target_gain``), on one batch of real inputs:
+
+    - sill ``s0^2``: each layer's value variance on the batch (not 1);
+    - layer 0: ``log tau_i = log c - 2 log rms(e_i)``, uniform in RMSNorm
+      units, so layer-0 attention stays exactly softmax; ``log c`` per group
+      is ``median_t(log lambda_obs_t + 2 log rms(e_{id_t})) - log r``;
+    - layer ``l >= 1``: ``1 / lambda_l = (1 + Jbar)^2 / lambda'_{l-1} + Q_{l-1}``,
+      so ``Q_{l-1} = median_t(r / lambda_obs_{l,t} - (1 + Jbar_t)^2 / lambda'_{l-1,t})``
+      (floored at ``1e-6 r / median lambda_obs``): the median token of every
+      layer has ``K ~ target_gain``.
+
+    Each layer's attention depends on the precision it receives, so the rule
+    is applied ``iterations`` times. ``Q`` comes out large (``~ r / lambda_obs``),
+    which makes ``lambda`` nearly uniform: the deliberate opposite of the
+    from-scratch ``Q0 = 0.01``, whose accumulated precision would drive ``K``
+    towards ``1 / (l + 1)`` in layer ``l`` and change a pretrained model's
+    function. What remains different from softmax is the key bias
+    ``2 log rms(h_j)`` of layers ``>= 1`` (a high-norm sink token gets more
+    weight); training moves ``tau`` and ``Q`` from there.
+    """
+    body = model.model
+    if body.prior is None:
+        raise ValueError("calibrate_precision needs precision='on'")
+    if not 0.0 < target_gain < 1.0:
+        raise ValueError(f"target_gain must be in (0, 1), got {target_gain}")
+    layers = body.decoder_layers
+    log_r = math.log(target_gain / (1.0 - target_gain))
+    training = model.training
+    saved = [(layer.record, layer.record_attention) for _, layer in find_filter_layers(model)]
+    model.eval()
+    emb = body.embed_tokens.weight
+    log_rms2 = 2.0 * torch.log(BF.norm_sigma(emb[None], model.config.rms_norm_eps, True))[0]
+    prior_w = body.prior.log_tau.weight
+    for layer in layers:
+        layer.record, layer.record_attention = True, False
+    report = CalibrationReport()
+    try:
+        for _ in range(iterations):
+            for layer in layers:
+                layer.calibrate_sill = True
+            model(input_ids, attention_mask)
+            for layer in layers:
+                layer.calibrate_sill = False
+            stats: list[FilterStats] = [layer.last_stats for layer in layers]  # type: ignore[misc]
+            s0 = stats[0]
+            x = s0.log_prec_obs[s0.valid] + log_rms2[input_ids[s0.valid]].unsqueeze(1)  # (N, G)
+            log_c = x.median(dim=0).values - log_r  # (G,)
+            if prior_w.shape[1] == 1:
+                log_c = x.median().reshape(1) - log_r
+            report.log_c = log_c.tolist()
+            prior_w.copy_((log_c.unsqueeze(0) - log_rms2.unsqueeze(1)).to(prior_w.dtype))
+            for i in range(1, len(layers)):
+                s, prev = stats[i], stats[i - 1]
+                var_obs = torch.exp(-s.log_prec_obs[s.valid])  # (N, G)
+                carried = (1.0 + prev.jbar[prev.valid]).square() * torch.exp(
+                    -prev.log_prec_post[prev.valid]
+                )
+                need = (var_obs * math.exp(log_r) - carried).median(dim=0).values
+                floor = 1e-6 * math.exp(log_r) * var_obs.median(dim=0).values
+                rho = layers[i - 1].rho
+                assert rho is not None
+                rho.copy_(_inverse_softplus(torch.maximum(need, floor)).to(rho.dtype))
+        model(input_ids, attention_mask)
+        for layer in layers:
+            st = layer.last_stats
+            assert st is not None
+            report.median_gain.append(st.gain[st.valid].median(dim=0).values.tolist())
+            report.q.append(st.q.tolist())
+    finally:
+        for (_, recorder), (rec, rec_attn) in zip(find_filter_layers(model), saved):
+            recorder.record, recorder.record_attention = rec, rec_attn
+            if not rec:
+                recorder.last_stats = None
+        model.train(training)
+    return report

@@ -1,0 +1,413 @@
+"""BFT Llama decoder layer: RMSNorm, RoPE, SwiGLU, grouped-query attention, causal, KV cache.
+
+One layer is one step of a Bayesian filter (``BFT_SPEC.md`` sections 1-3):
+
+1. observe:  ``x = RMSNorm1(h)``; kriging attention in which each key carries
+   ``log lambda_bar`` (its value's precision, by the delta rule through
+   RMSNorm1 and W_V: ``W_V diag(gamma1)`` and the per-token ``1 / sigma1^2``,
+   ``sigma1`` the rms) as a logit bias; REML gives ``lambda_obs``;
+2. update:   ``h' = h + K z``, ``K = lambda_obs / (lambda + lambda_obs)``;
+3. predict:  ``h'' = h' + SwiGLU(RMSNorm2(h'))`` and
+   ``lambda'' = ((1 + Jbar)^2 / lambda' + Q)^{-1}`` with the SwiGLU Jacobian
+   pooled with two matrices (``functional_llama.swiglu_pooled_jacobian``).
+
+Grouped-query attention: values have ``Hkv`` heads, so the neighbour
+precision is computed per KV head and broadcast to the ``H / Hkv`` query
+heads that read it. The REML statistics are per query head.
+
+``precision="off"`` is the plain Llama layer (``transformers``' ``LlamaDecoderLayer``):
+the parameter names are the same, so a Llama checkpoint loads by name.
+
+KV cache: per past key the layer keeps the rotated key, the value, the
+key's validity and (precision on) its ``log lambda_bar`` bias. A key's bias
+depends on that key's own state only, so cached decoding computes exactly
+what a full forward computes (the sill is frozen in eval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bft_lightning.nn import functional as BF
+from bft_lightning.nn import functional_llama as FL
+from bft_lightning.nn.attention import (
+    KrigingStats,
+    build_allowed,
+    reference_attention,
+    sdpa_attention,
+)
+from bft_lightning.nn.stats import FilterStats
+
+PRECISION_MODES = ("off", "on")
+ATTENTION_IMPLS = ("reference", "sdpa")
+
+
+@dataclass
+class LayerCache:
+    """What one decoder layer keeps per past position for cached decoding.
+
+    key: (B, Hkv, Tc, d_h) after RoPE; value: (B, Hkv, Tc, d_h);
+    valid: (B, Tc) bool (positive precision / attention mask);
+    bias: (B, Hkv, Tc) float32 ``log lambda_bar`` of each key (precision on), else None.
+    """
+
+    key: Tensor
+    value: Tensor
+    valid: Tensor
+    bias: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.key.shape[2]
+
+
+class RMSNorm(nn.Module):
+    """``gamma * x / sigma`` with ``sigma = sqrt(mean x^2 + eps)`` (Llama's, float32 inside)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def sigma(self, x: Tensor) -> Tensor:
+        """The norm's denominator per token (B, T), float32."""
+        return BF.norm_sigma(x, self.eps, rms=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        y = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class SwiGLU(nn.Module):
+    """``W2 (silu(W1 u) * W3 u)``, W1 ``gate_proj``, W3 ``up_proj``, W2 ``down_proj``."""
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """u: (B, T, d) -> output (B, T, d), ``a = W1 u`` and ``b = W3 u`` (B, T, F)."""
+        a, b = self.gate_proj(u), self.up_proj(u)
+        return self.down_proj(F.silu(a) * b), a, b
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query causal attention with RoPE whose keys may carry a precision bias.
+
+    With ``gate="sigmoid"`` each head's output is multiplied elementwise by
+    ``sigmoid(x W_g + b_g)`` before ``o_proj`` (gated attention, Qiu et al. 2025).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+        dropout: float = 0.0,
+        gate: str | None = None,
+        impl: str = "sdpa",
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        if gate not in (None, "sigmoid"):
+            raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.dropout, self.impl = dropout, impl
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
+        self.attn_gate = nn.Linear(d_model, n_heads * head_dim) if gate == "sigmoid" else None
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        allowed: Tensor,
+        bias: Tensor | None = None,
+        past: LayerCache | None = None,
+        with_stats: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, KrigingStats | None, Tensor | None, tuple[Tensor, Tensor]]:
+        """x: (B, T, d) normed; rope: cos, sin (B, T, d_h); allowed: (B, 1, T, Tk);
+        bias: (B, Hkv, Tk) per key (cached keys first) or None.
+
+        Returns ``z = W_O e`` (B, T, d), the weights (B, H, T, Tk) or None, the
+        kriging statistics or None, the gate (B, T, H d_h) or None, and all
+        keys and values (B, Hkv, Tk, d_h) for the cache.
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, -1).transpose(1, 2)  # (B, H, T, dh)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, -1).transpose(1, 2)  # (B, Hkv, T, dh)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, -1).transpose(1, 2)
+        q, k = FL.apply_rope(q, *rope), FL.apply_rope(k, *rope)
+        if past is not None:
+            k, v = torch.cat((past.key, k), dim=2), torch.cat((past.value, v), dim=2)
+        rep = self.n_heads // self.n_kv_heads
+        k_h, v_h = FL.repeat_kv(k, rep), FL.repeat_kv(v, rep)  # (B, H, Tk, dh)
+        bias_h = FL.repeat_kv(bias, rep) if bias is not None else None  # (B, H, Tk)
+        drop = self.dropout if self.training else 0.0
+        weights = stats = None
+        if self.impl == "sdpa" and not with_stats and not need_weights and bias_h is None:
+            out = sdpa_attention(q, k_h, v_h, allowed, drop)
+        else:
+            out, weights, stats = reference_attention(
+                q, k_h, v_h, allowed, bias_h, drop, with_stats
+            )
+        out = out.to(v.dtype).transpose(1, 2).reshape(b, t, -1)  # (B, T, H dh)
+        gate = None
+        if self.attn_gate is not None:
+            gate = torch.sigmoid(self.attn_gate(x))
+            out = out * gate
+        return self.o_proj(out), weights if need_weights else None, stats, gate, (k, v)
+
+
+class BFTLlamaDecoderLayer(nn.Module):
+    """A Llama decoder layer (pre-RMSNorm, RoPE, GQA, SwiGLU, causal) run as a Bayesian filter.
+
+    Args:
+        d_model: hidden size ``d``.
+        n_heads: query heads ``H``.
+        n_kv_heads: key/value heads ``Hkv`` (divides ``H``).
+        d_ff: SwiGLU width ``F``.
+        head_dim: per-head width; None means ``d / H``.
+        rms_norm_eps: RMSNorm epsilon.
+        attention_bias: biases on q/k/v/o projections (False for Llama).
+        mlp_bias: biases on the SwiGLU projections (False for Llama).
+        dropout: dropout on attention weights, on ``z`` and on the FFN output.
+        precision: ``"on"`` (BFT) or ``"off"`` (the plain Llama layer).
+        groups: precision groups ``G`` (a divisor of ``d``); None means ``H``.
+        q_init: initial process noise ``Q0``; ``Q = softplus(rho)``.
+        nu0: prior degrees of freedom of the REML sill prior.
+        sill_momentum: momentum of the running sill ``s0^2``.
+        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
+        attention_impl: ``"sdpa"`` (fused, used when no statistics are needed)
+            or ``"reference"`` (always materialise the weights).
+        predict_noise: False skips ``Q`` and has no ``rho`` (the last layer of
+            an LM, whose ``lambda''`` feeds nothing).
+    """
+
+    sill: Tensor
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        d_ff: int = 1024,
+        head_dim: int | None = None,
+        rms_norm_eps: float = 1e-6,
+        attention_bias: bool = False,
+        mlp_bias: bool = False,
+        dropout: float = 0.0,
+        precision: str = "on",
+        groups: int | None = None,
+        q_init: float = 0.01,
+        nu0: float = 1.0,
+        sill_momentum: float = 0.01,
+        attention_gate: str | None = None,
+        attention_impl: str = "sdpa",
+        predict_noise: bool = True,
+    ) -> None:
+        super().__init__()
+        if precision not in PRECISION_MODES:
+            raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        head_dim = d_model // n_heads if head_dim is None else head_dim
+        g = n_heads if groups is None else groups
+        if g <= 0 or d_model % g:
+            raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.precision, self.groups = precision, g
+        self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
+        self.q_init = q_init
+        self.input_layernorm = RMSNorm(d_model, rms_norm_eps)
+        self.self_attn = LlamaAttention(
+            d_model, n_heads, n_kv_heads, head_dim, attention_bias, dropout, attention_gate,
+            attention_impl,
+        )  # fmt: skip
+        self.post_attention_layernorm = RMSNorm(d_model, rms_norm_eps)
+        self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.rho: nn.Parameter | None = None
+        if precision == "on":
+            if predict_noise:
+                self.rho = nn.Parameter(torch.full((g,), BF.inverse_process_noise(q_init)))
+            self.register_buffer("sill", torch.ones(n_heads))
+        self.calibrate_sill = False  # set by calibration: replace the sill by this batch's
+        self._pending_sill: Tensor | None = None
+        self.record = False
+        self.record_attention = False
+        self.last_stats: FilterStats | None = None
+
+    def extra_repr(self) -> str:
+        return (
+            f"precision={self.precision}, groups={self.groups}, "
+            f"kv_heads={self.n_kv_heads}, predict_noise={self.predict_noise}"
+        )
+
+    @torch.no_grad()
+    def reset_filter_state(self) -> None:
+        """``rho`` back to ``Q0 = q_init`` and the sill back to 1."""
+        if self.rho is not None:
+            self.rho.fill_(BF.inverse_process_noise(self.q_init))
+        if self.precision == "on":
+            self.sill.fill_(1.0)
+        self._pending_sill = None
+
+    def process_noise(self) -> Tensor:
+        """``Q`` (G,): ``softplus(rho)``, or zeros for a layer without process noise."""
+        if self.rho is None:
+            return torch.zeros(self.groups, device=self.input_layernorm.weight.device)
+        return BF.process_noise(self.rho)
+
+    def forward(
+        self,
+        h: Tensor,
+        log_prec: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        valid: Tensor,
+        past: LayerCache | None = None,
+    ) -> tuple[Tensor, Tensor | None, LayerCache]:
+        """h: (B, T, d) new positions; log_prec: (B, T, G), -inf at padding, or None.
+
+        rope: cos, sin (B, T, d_h) of the new positions; valid: (B, T) bool of the
+        new positions (attention mask); past: this layer's cache of earlier
+        positions or None. Returns ``(h'', log lambda'', cache)``; the cache
+        covers past and new positions. In off mode the precision passes through.
+        """
+        if log_prec is not None:
+            valid = valid & (log_prec > float("-inf")).any(dim=-1)
+        valid_keys = valid if past is None else torch.cat((past.valid, valid), dim=1)
+        if past is None:
+            allowed = build_allowed(valid, is_causal=True)
+        else:
+            allowed = FL.causal_allowed(valid_keys, h.shape[1])
+        if self.precision == "off":
+            h, cache = self._forward_off(h, rope, valid, valid_keys, allowed, past)
+            return h, log_prec, cache
+        return self._forward_on(h, log_prec, rope, valid, valid_keys, allowed, past)
+
+    def _forward_off(
+        self,
+        h: Tensor,
+        rope: tuple[Tensor, Tensor],
+        valid: Tensor,
+        valid_keys: Tensor,
+        allowed: Tensor,
+        past: LayerCache | None,
+    ) -> tuple[Tensor, LayerCache]:
+        z, weights, _, gate, (k, v) = self.self_attn(
+            self.input_layernorm(h), rope, allowed, None, past,
+            need_weights=self.record and self.record_attention,
+        )  # fmt: skip
+        h = h + self.dropout1(z)
+        f, _, _ = self.mlp(self.post_attention_layernorm(h))
+        h = h + self.dropout2(f)
+        if self.record:
+            self._record_off(h, valid, weights, gate)
+        return h, LayerCache(k, v, valid_keys)
+
+    def _forward_on(
+        self,
+        h: Tensor,
+        log_prec: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        valid: Tensor,
+        valid_keys: Tensor,
+        allowed: Tensor,
+        past: LayerCache | None,
+    ) -> tuple[Tensor, Tensor, LayerCache]:
+        norm1, norm2, attn = self.input_layernorm, self.post_attention_layernorm, self.self_attn
+        if log_prec is None:
+            log_prec = FL.rms_log_precision(h, norm1.eps, self.groups)
+        lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
+        # observe: kriging with each key's value precision as a logit bias
+        p_v = BF.delta_rule_matrix(attn.v_proj.weight, self.n_kv_heads, self.groups, norm1.weight)
+        bias = BF.neighbour_log_precision(lp, norm1.sigma(h), p_v)  # (B, Hkv, T)
+        if past is not None and past.bias is not None:
+            bias = torch.cat((past.bias, bias), dim=2)  # (B, Hkv, Tk)
+        z, weights, stats, gate, (k, v) = attn(
+            norm1(h), rope, allowed, bias, past, with_stats=True,
+            need_weights=self.record and self.record_attention,
+        )  # fmt: skip
+        assert stats is not None
+        p_o = BF.delta_rule_matrix(attn.o_proj.weight, self.groups, self.n_heads)
+        lp_obs, n_eff, has_key = FL.observation(stats, self.sill, self.nu0, p_o, gate, self.n_heads)
+        # update: the residual as a Kalman update
+        gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
+        h = h + BF.expand_groups(gain, self.d_model).to(z.dtype) * self.dropout1(z)
+        lp_post = BF.update_log_precision(lp, lp_obs, has_key)
+        # predict: SwiGLU dynamics plus process noise
+        f, a, b = self.mlp(norm2(h))
+        m1, m3 = FL.swiglu_jacobian_matrices(
+            self.mlp.gate_proj.weight, self.mlp.up_proj.weight, self.mlp.down_proj.weight,
+            norm2.weight, self.groups,
+        )  # fmt: skip
+        jbar = FL.swiglu_pooled_jacobian(a, b, m1, m3, norm2.sigma(h))
+        h = h + self.dropout2(f)
+        q = self.process_noise()
+        lp_out = BF.predict_log_precision(lp_post, jbar, q)
+        if self.training or self.calibrate_sill:
+            self._update_sill(stats.values[:, :, -h.shape[1] :], valid)
+        if self.record:
+            self.last_stats = FilterStats.detached(
+                valid=valid, log_prec=BF.with_padding(lp, valid),
+                log_prec_obs=lp_obs, gain=gain, n_eff=n_eff.transpose(1, 2),
+                log_prec_post=BF.with_padding(lp_post, valid), jbar=jbar,
+                log_prec_out=BF.with_padding(lp_out, valid), q=q,
+                attention=weights, gate=gate,
+            )  # fmt: skip
+        cache = LayerCache(k, v, valid_keys, bias)
+        return h, BF.with_padding(lp_out, valid), cache
+
+    @torch.no_grad()
+    def _update_sill(self, values: Tensor, valid: Tensor) -> None:
+        """Running per-head value variance (like BatchNorm); calibration replaces it.
+
+        The new value waits in ``_pending_sill`` until :meth:`flush_sill` (the
+        model calls it at the start of each forward), so that a layer
+        recomputed for gradient checkpointing sees the sill its forward saw.
+        """
+        momentum = 1.0 if self.calibrate_sill else self.sill_momentum
+        new = self.sill.clone()
+        BF.update_running_sill_(new, values, valid, momentum)
+        self._pending_sill = new
+
+    @torch.no_grad()
+    def flush_sill(self) -> None:
+        """Apply a pending running-sill update to the ``sill`` buffer."""
+        if self._pending_sill is not None:
+            self.sill.copy_(self._pending_sill)
+            self._pending_sill = None
+
+    def _record_off(
+        self, h: Tensor, valid: Tensor, weights: Tensor | None, gate: Tensor | None
+    ) -> None:
+        b, t, _ = h.shape
+        ones = torch.ones(b, t, self.groups, device=h.device)
+        zeros = torch.zeros_like(ones)
+        n_eff = torch.zeros(b, t, self.n_heads, device=h.device)
+        if weights is not None:
+            n_eff = BF.kish_n_eff(weights.float().square().sum(-1)).transpose(1, 2)
+        self.last_stats = FilterStats.detached(
+            valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones, n_eff=n_eff,
+            log_prec_post=zeros, jbar=zeros, log_prec_out=zeros,
+            q=torch.zeros(self.groups, device=h.device), attention=weights, gate=gate,
+        )  # fmt: skip

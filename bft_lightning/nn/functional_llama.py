@@ -1,0 +1,163 @@
+"""Filter math specific to a Llama-style decoder (RMSNorm, SwiGLU, GQA, KV cache).
+
+Pure functions in the spec's symbols (``BFT_SPEC.md``); everything generic
+(delta rule, kriging statistics, REML, Kalman gain, predict) lives in
+:mod:`bft_lightning.nn.functional` and is reused from there.
+
+Shapes: ``B`` batch, ``T`` new positions, ``Tk`` keys (cached + new), ``H``
+query heads, ``Hkv`` key/value heads, ``G`` residual groups, ``F`` FFN width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bft_lightning.nn import functional as BF
+from bft_lightning.nn.attention import KrigingStats
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dim (Llama's RoPE layout, not interleaved)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_tables(
+    positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """``cos, sin`` of RoPE for integer ``positions`` (B, T): each (B, T, d_h).
+
+    ``inv_freq_i = theta^(-2i / d_h)``; angles are computed in float32.
+    """
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    )
+    freqs = positions.float().unsqueeze(-1) * inv_freq  # (B, T, d_h / 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, heads, T, d_h); cos, sin: (B, T, d_h)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, Hkv, T, ...) -> (B, Hkv * n_rep, T, ...); head ``a`` reads KV head ``a // n_rep``."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def causal_allowed(valid_keys: Tensor, q_len: int) -> Tensor:
+    """Boolean (B, 1, T, Tk) mask for the last ``q_len`` of ``Tk`` positions as queries.
+
+    Query ``t`` (absolute index ``Tk - q_len + t``) may read key ``j`` when the
+    key is valid and ``j <= Tk - q_len + t``. With ``q_len == Tk`` this is
+    :func:`bft_lightning.nn.attention.build_allowed` with ``is_causal=True``.
+    """
+    b, tk = valid_keys.shape
+    causal = torch.ones(q_len, tk, dtype=torch.bool, device=valid_keys.device)
+    causal = causal.tril(diagonal=tk - q_len)
+    return (valid_keys[:, None, None, :] & causal).expand(b, 1, q_len, tk)
+
+
+def rms_log_precision(h: Tensor, eps: float, groups: int) -> Tensor:
+    """Precision uniform in RMSNorm units, ``lambda_t = 1 / sigma_t^2`` (B, T, G).
+
+    By the delta rule this gives plain softmax attention (the bias is a
+    constant per head), the RMSNorm analogue of ``layers.default_log_precision``.
+    """
+    log_sigma2 = 2.0 * torch.log(BF.norm_sigma(h, eps, rms=True))
+    return (-log_sigma2).unsqueeze(-1).expand(*h.shape[:2], groups)
+
+
+def observation(
+    stats: KrigingStats,
+    sill: Tensor,
+    nu0: float,
+    p_o: Tensor,
+    gate: Tensor | None,
+    heads: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """REML observation precision per residual group (spec section 1).
+
+    ``sigma2 = (nu0 s0^2 + n_eff S) / (nu0 + n_eff - 1)``, times the mean
+    squared gate of the head when there is a sigmoid output gate (the gate
+    scales the head's output, so its variance by ``gate^2``); then
+    ``lambda_obs = n_eff / sigma2`` to the residual groups through ``P_O``.
+
+    stats: from ``reference_attention`` over the query heads; sill: (H,);
+    p_o: (G, H); gate: (B, T, H * d_h) or None.
+    Returns ``log lambda_obs`` (B, T, G), ``n_eff`` (B, H, T), ``has_key`` (B, T).
+    """
+    has_key = (stats.sum_p_sq > 0).any(dim=1)  # (B, T)
+    n_eff = BF.kish_n_eff(stats.sum_p_sq)  # (B, H, T)
+    spread = BF.expanded_square_spread(stats.second_moment, stats.estimate)
+    sigma2 = BF.reml_variance(spread, n_eff, sill, nu0)
+    if gate is not None:
+        b, t, _ = gate.shape
+        g2 = gate.float().square().view(b, t, heads, -1).mean(-1)  # (B, T, H)
+        sigma2 = sigma2 * g2.transpose(1, 2)
+    return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
+
+
+class _SiluDerivative(torch.autograd.Function):
+    """``silu'(a) = s (1 + a (1 - s))`` with ``silu''(a) = s (1 - s) (2 + a (1 - 2 s))``.
+
+    Saves only ``a`` (which SwiGLU keeps for its own backward anyway), so the
+    Jacobian path adds no activation memory of its own.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a)
+        af = BF.upcast(a)
+        s = torch.sigmoid(af)
+        return s * (1.0 + af * (1.0 - s))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (a,) = ctx.saved_tensors
+        af = BF.upcast(a)
+        s = torch.sigmoid(af)
+        return (grad * s * (1.0 - s) * (2.0 + af * (1.0 - 2.0 * s))).to(a.dtype)
+
+
+def silu_derivative(a: Tensor) -> Tensor:
+    """``silu'(a) = s(a) (1 + a (1 - s(a)))``, ``s`` the logistic sigmoid (float32 or wider)."""
+    return _SiluDerivative.apply(a)
+
+
+def swiglu_jacobian_matrices(
+    w_gate: Tensor, w_up: Tensor, w_down: Tensor, norm_scale: Tensor | None, groups: int
+) -> tuple[Tensor, Tensor]:
+    """The two pooled Jacobian matrices of ``SwiGLU(u) = W2 (silu(W1 u) * W3 u)``.
+
+    ``M1[k, g] = mean_{i in g} W2[i, k] W1[k, i] gamma2_i`` and
+    ``M3[k, g] = mean_{i in g} W2[i, k] W3[k, i] gamma2_i`` (each F x G), by
+    :func:`bft_lightning.nn.functional.ffn_jacobian_matrix`.
+
+    w_gate (W1), w_up (W3): (F, d); w_down (W2): (d, F); norm_scale: (d,).
+    """
+    m1 = BF.ffn_jacobian_matrix(w_gate, w_down, norm_scale, groups)
+    m3 = BF.ffn_jacobian_matrix(w_up, w_down, norm_scale, groups)
+    return m1, m3
+
+
+def swiglu_pooled_jacobian(
+    a: Tensor, b: Tensor, m1: Tensor, m3: Tensor, norm_sigma: Tensor
+) -> Tensor:
+    """Group mean of the diagonal SwiGLU Jacobian (spec section 3).
+
+    ``J_i = (gamma2_i / sigma2) sum_k W2[i, k] (silu'(a_k) b_k W1[k, i] + silu(a_k) W3[k, i])``
+    pooled: ``Jbar = ((silu'(a) b) @ M1 + silu(a) @ M3) / sigma2`` where
+    ``sigma2`` is RMSNorm2's denominator (the rms of ``h'``).
+
+    a = W1 u, b = W3 u: (B, T, F); norm_sigma: (B, T). Returns (B, T, G) float32.
+    """
+    weighted_gate = silu_derivative(a) * BF.upcast(b)
+    return BF.pooled_jacobian(weighted_gate, m1, norm_sigma) + BF.pooled_jacobian(
+        F.silu(BF.upcast(a)), m3, norm_sigma
+    )

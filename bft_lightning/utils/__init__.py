@@ -1,0 +1,28 @@
+"""Run-time helpers: atomic, safely loaded checkpoints and exact mid-epoch resume.
+
+- ``AtomicCheckpointIO``: a Lightning ``CheckpointIO`` that writes checkpoints
+  to a temporary file in the target folder and renames it into place, and
+  loads them with ``weights_only=True`` and clear errors.
+- ``ResumableDataLoader``: a ``DataLoader`` that Lightning can resume mid-epoch
+  (it records how many batches of the epoch were handed out).
+- ``StepSeed``: a callback that reseeds torch before every training batch from
+  ``(seed, epoch, batch, rank)``, so dropout and sampled negatives do not
+  depend on what ran before (a resumed run draws the same numbers).
+"""
+
+from bft_lightning.utils.checkpoint_io import (
+    AtomicCheckpointIO,
+    CheckpointLoadError,
+    atomic_torch_save,
+    safe_load_checkpoint,
+)
+from bft_lightning.utils.resume import ResumableDataLoader, StepSeed
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "CheckpointLoadError",
+    "ResumableDataLoader",
+    "StepSeed",
+    "atomic_torch_save",
+    "safe_load_checkpoint",
+]

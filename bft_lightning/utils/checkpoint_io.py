@@ -1,0 +1,118 @@
+"""Checkpoints that are written atomically and loaded without unpickling code.
+
+Writing: ``torch.save`` goes to a ``.tmp-*`` file in the checkpoint's own
+folder, which is flushed, fsync'ed and then renamed over the target with
+``os.replace`` (atomic on POSIX within one file system); the folder is fsync'ed
+after the rename. A process killed at any point leaves either the previous
+complete file or the new complete file, never a truncated one, and at most a
+``.tmp-*`` file that nothing reads. (Lightning's own writer stages the file in
+the system temporary folder and moves it, which is a copy, so not atomic, when
+the log folder is another file system, e.g. a Docker volume.)
+
+Loading: ``torch.load(..., weights_only=True)`` always, so a checkpoint can
+hold tensors and plain containers but no code; a truncated, corrupt or unsafe
+file raises :class:`CheckpointLoadError` naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+__all__ = ["AtomicCheckpointIO", "CheckpointLoadError", "atomic_torch_save", "safe_load_checkpoint"]
+
+
+class CheckpointLoadError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt, unsafe or of the wrong kind."""
+
+
+def _is_remote(path: str | os.PathLike) -> bool:
+    return "://" in str(path)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)`` through a temporary file in the same folder + ``os.replace``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def safe_load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; every failure names the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {file}")
+    if file.stat().st_size == 0:
+        raise CheckpointLoadError(f"{file}: empty file (an interrupted write?), not a checkpoint")
+    try:
+        obj = torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as err:  # whatever fails, the file is not a usable checkpoint
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        lines = lines or [type(err).__name__]
+        if isinstance(err, pickle.UnpicklingError) and lines[0].startswith("Weights only"):
+            # the unpickler met something other than tensors and plain containers
+            what = [line for line in lines if "global" in line.lower() or "unpickler" in line]
+            raise CheckpointLoadError(
+                f"{file}: refused to load: it holds objects that are not tensors or plain "
+                f"containers ({(what or lines)[0]}). Only weights_only=True loading is "
+                "allowed; re-save the checkpoint from a trusted environment if it is yours."
+            ) from None
+        raise CheckpointLoadError(
+            f"{file}: not a complete PyTorch checkpoint (truncated or corrupt: "
+            f"{type(err).__name__}: {lines[0]})"
+        ) from None
+    if not isinstance(obj, dict):
+        raise CheckpointLoadError(f"{file}: expected a checkpoint dict, found {type(obj).__name__}")
+    return obj
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning ``CheckpointIO``: atomic local writes, ``weights_only=True`` loads.
+
+    Use it with ``Trainer(plugins=[AtomicCheckpointIO()])`` or, in a trainer
+    config, ``plugins: [{class_path: bft_lightning.utils.AtomicCheckpointIO}]``.
+    Remote paths (``s3://`` ...) fall back to Lightning's own writer and reader.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        if _is_remote(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Any = None
+    ) -> dict[str, Any]:
+        if _is_remote(path):
+            return super().load_checkpoint(path, map_location, weights_only=True)
+        return safe_load_checkpoint(path, map_location)

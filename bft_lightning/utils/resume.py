@@ -1,0 +1,100 @@
+"""Exact mid-epoch resume: a resumable training loader and per-batch seeding.
+
+What a resumed run needs to repeat an uninterrupted one exactly:
+
+1. weights, optimizer, scheduler, loop counters: Lightning's checkpoint;
+2. the epoch's sample order: a sampler seeded by ``seed + epoch`` that
+   Lightning pins with ``set_epoch`` (``LengthBucketSampler``);
+3. the position inside the epoch: :class:`ResumableDataLoader` (Lightning saves
+   its ``state_dict`` in the checkpoint and hands it back on resume; a plain
+   ``DataLoader`` restarts the epoch from its first batch, with a warning);
+4. the random numbers of each step (dropout, sampled negatives): :class:`StepSeed`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback
+from torch.utils.data import DataLoader
+
+__all__ = ["ResumableDataLoader", "StepSeed"]
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` that resumes in the middle of an epoch.
+
+    It counts the batches handed out in the current pass. Lightning stores
+    ``state_dict()`` (``{"batches": k}``) in every checkpoint and, when it
+    resumes mid-epoch, calls ``load_state_dict`` before iterating: the next pass
+    then skips the first ``k`` batches of the (re-created, identical) epoch
+    order, and its count continues from ``k``, so a second interruption in the
+    same epoch resumes correctly too. ``k >= len(self)`` (a checkpoint saved on
+    the epoch's last batch) skips nothing: the next pass is a new epoch.
+
+    Skipped batches are loaded and dropped (cheap for in-memory datasets), so
+    the sampler must give the same order again: seed it by epoch and let
+    Lightning call ``set_epoch``. The count is exact because Lightning does not
+    pre-fetch from loaders with a length (the default for map-style datasets).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._batches = 0
+        self._skip = 0
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._resumed()
+
+    def _resumed(self) -> Iterator[Any]:
+        # a generator: nothing runs until the first batch is asked for, i.e. after
+        # Lightning's set_epoch for this epoch
+        skip, self._skip = self._skip, 0
+        if skip >= len(self):
+            skip = 0
+        self._batches = 0
+        iterator = super().__iter__()
+        for _ in range(skip):
+            next(iterator)
+            self._batches += 1
+        for batch in iterator:
+            self._batches += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """Batches of the current epoch handed out so far."""
+        return {"batches": self._batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Skip ``state["batches"]`` batches at the start of the next pass."""
+        self._skip = int(state.get("batches", 0))
+        self._batches = self._skip
+
+
+class StepSeed(Callback):
+    """Reseed torch before every training batch from ``(seed, epoch, batch, rank)``.
+
+    Without it, the random numbers of a step (dropout masks, sampled negatives)
+    depend on everything that drew from the generator before: a resumed run,
+    which skips the first steps and builds its data loaders at another moment,
+    would draw different ones. With it, step ``(epoch, batch)`` on rank ``r``
+    always draws the same numbers, in any run. ``seed=None`` uses the seed of
+    ``seed_everything`` (``PL_GLOBAL_SEED``) or 0.
+
+    ``--trainer.callbacks+=bft_lightning.utils.StepSeed`` on the command line.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.seed = seed
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        base = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        key = [base & 0xFFFFFFFF, trainer.current_epoch, batch_idx, trainer.global_rank]
+        state = np.random.SeedSequence(key).generate_state(2, dtype=np.uint32)
+        torch.manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)  # CPU and every CUDA device

@@ -1,0 +1,159 @@
+"""Our Llama against ``transformers.LlamaForCausalLM`` from the same files (precision off)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from lm_helpers import TINY, write_hf_checkpoint
+
+from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, weight_files
+from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
+
+pytest.importorskip("transformers")
+
+
+def _ids(b: int = 3, t: int = 12, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, TINY["vocab_size"], (b, t), generator=g)
+
+
+def test_checkpoint_is_sharded_and_config_parsed(hf_checkpoint: Path) -> None:
+    assert len(weight_files(hf_checkpoint)) > 1  # the sharded layout is exercised
+    model = LlamaForCausalLM.from_pretrained(hf_checkpoint)
+    assert model.config.num_key_value_heads == 2 and model.config.head_dim == 8
+    assert model.config.rms_norm_eps == pytest.approx(1e-5)
+
+
+def test_logits_equal_transformers(hf_checkpoint: Path, hf_model) -> None:
+    ours = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
+    ids = _ids()
+    with torch.no_grad():
+        ref = hf_model(ids).logits
+        got = ours(ids).logits
+    assert ref.std() > 0.5  # not a degenerate all-ties model
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_left_padding_equals_transformers(hf_checkpoint: Path, hf_model) -> None:
+    ours = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    mask[2, :1] = 0
+    with torch.no_grad():
+        ref = hf_model(ids, attention_mask=mask).logits
+        got = ours(ids, mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], ref[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_reference_and_sdpa_paths_agree(hf_checkpoint: Path) -> None:
+    a = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(attention_impl="sdpa"))
+    b = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(attention_impl="reference"))
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(a.eval()(ids).logits, b.eval()(ids).logits)
+
+
+def test_greedy_generation_with_and_without_cache_matches_transformers(
+    hf_checkpoint: Path, hf_model
+) -> None:
+    ours = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
+    ids = _ids(3, 10)
+    cached = ours.generate(ids, max_new_tokens=8, eos_token_id=-1, use_cache=True)
+    plain = ours.generate(ids, max_new_tokens=8, eos_token_id=-1, use_cache=False)
+    ref = hf_model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+        eos_token_id=None, pad_token_id=3,
+    )[:, 10:]  # fmt: skip
+    assert torch.equal(cached, plain)
+    assert torch.equal(cached, ref)
+
+
+def test_tied_embeddings(tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM as HF
+
+    write_hf_checkpoint(tmp_path, seed=3, tie_word_embeddings=True)
+    ours = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    hf = HF.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_save_pretrained_round_trip(tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM as HF
+
+    cfg = LlamaConfig(**{k: v for k, v in TINY.items()})
+    torch.manual_seed(5)
+    ours = LlamaForCausalLM(cfg, BFTOptions(precision="on")).eval()  # BFT tensors not written
+    ours.save_pretrained(tmp_path, max_shard_bytes=4096)
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    hf = HF.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    back = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_tokenizer_from_checkpoint_dir(hf_checkpoint: Path) -> None:
+    tok = load_tokenizer(hf_checkpoint)
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (1, 2, 64)
+    ids = tok.encode("w0 w5 w59", bos=True)
+    assert ids == [1, 4, 9, 63]
+    assert tok.decode(ids) == "w0 w5 w59"
+
+
+@pytest.mark.parametrize(
+    "remove, message",
+    [
+        ("config.json", "no config.json"),
+        ("model-00002-of-", "shards that are missing"),
+        ("tokenizer.json", "no tokenizer.json"),
+        ("all-weights", "has no weights"),
+    ],
+)
+def test_incomplete_directory_gives_clear_error(
+    hf_checkpoint: Path, tmp_path: Path, remove: str, message: str
+) -> None:
+    d = tmp_path / "ckpt"
+    shutil.copytree(hf_checkpoint, d)
+    for f in list(d.iterdir()):
+        if f.name.startswith(remove) or (remove == "all-weights" and "model" in f.name):
+            f.unlink()
+    with pytest.raises(CheckpointError, match=message):
+        if remove == "tokenizer.json":
+            load_tokenizer(d)
+        else:
+            LlamaForCausalLM.from_pretrained(d)
+
+
+def test_missing_directory_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "nope")
+
+
+def test_unsupported_rope_scaling_is_refused(hf_checkpoint: Path) -> None:
+    cfg = json.loads((hf_checkpoint / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
+    with pytest.raises(NotImplementedError, match="llama3"):
+        LlamaConfig.from_hf(cfg)
+
+
+def test_transformers_4_config_layout() -> None:
+    cfg = {  # TinyLlama-1.1B's config.json (transformers 4.35)
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 5632,
+        "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 32,
+        "num_hidden_layers": 22, "num_key_value_heads": 4, "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000,
+    }  # fmt: skip
+    c = LlamaConfig.from_hf(cfg)
+    assert (c.hidden_size, c.num_key_value_heads, c.head_dim, c.rope_theta) == (2048, 4, 64, 1e4)

@@ -1,0 +1,142 @@
+"""LanguageSFT: the losses, a tiny fit whose loss falls, EM/F1 by generation, calibration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from lm_helpers import write_squad_file
+
+from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.tasks.language import LanguageSFT, token_loss
+
+
+def test_focal_loss_formula_and_reduction_to_ce() -> None:
+    logits = torch.randn(2, 5, 11)
+    labels = torch.randint(0, 11, (2, 5))
+    labels[0, :2] = -100
+    sel = labels != -100
+    ce = F.cross_entropy(logits[sel], labels[sel])
+    torch.testing.assert_close(token_loss(logits, labels, "ce"), ce)
+    torch.testing.assert_close(token_loss(logits, labels, "focal", gamma=0.0), ce)
+    p = logits[sel].softmax(-1).gather(1, labels[sel][:, None]).squeeze(1)
+    focal = (-((1 - p) ** 2) * p.log()).mean()
+    torch.testing.assert_close(token_loss(logits, labels, "focal", gamma=2.0), focal)
+    assert token_loss(logits, labels, "focal", 2.0) < ce
+    with pytest.raises(ValueError):
+        token_loss(logits, labels, "mse")
+
+
+def _trainer(tmp_path: Path, steps: int, **kw: object) -> L.Trainer:
+    return L.Trainer(
+        max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        num_sanity_val_steps=0, **kw,
+    )  # fmt: skip
+
+
+class LossLog(L.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self.losses.append(float(outputs["loss"]))
+
+
+def _data(tmp_path: Path, **kw: object) -> QADataModule:
+    f = write_squad_file(tmp_path / "s.json", articles=10)
+    opts = dict(files=[str(f)], cache_dir=str(tmp_path), tokenizer_vocab_size=300,
+                val_groups=2, test_groups=2, batch_size=16, eval_batch_size=32)  # fmt: skip
+    opts.update(kw)
+    return QADataModule(**opts)  # type: ignore[arg-type]
+
+
+TINY_CFG = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, bos_token_id=1,
+                       eos_token_id=2, pad_token_id=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("loss, precision", [("ce", "off"), ("focal", "on"), ("ce", "on")])
+def test_tiny_fit_loss_falls_and_em_f1_are_logged(
+    tmp_path: Path, loss: str, precision: str
+) -> None:
+    torch.manual_seed(0)
+    dm = _data(tmp_path)
+    task = LanguageSFT(TINY_CFG, bft=BFTOptions(precision=precision), loss=loss, lr=3e-3,
+                       max_new_tokens=4)  # fmt: skip
+    log = LossLog()
+    trainer = _trainer(
+        tmp_path, 40, callbacks=[log], val_check_interval=40, check_val_every_n_epoch=None
+    )
+    trainer.fit(task, dm)
+    first, last = sum(log.losses[:5]) / 5, sum(log.losses[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+    metrics = trainer.callback_metrics
+    assert {"val/loss", "val/em", "val/f1"} <= set(metrics)
+    assert 0.0 <= float(metrics["val/f1"]) <= 1.0
+    res = trainer.test(task, dm, verbose=False)[0]
+    assert {"test/em", "test/f1", "test/loss"} <= set(res)
+    assert len(task.predictions) == len(dm.encoded["test"])
+
+
+def test_pretrained_bft_is_calibrated_and_exported(tmp_path: Path, hf_checkpoint: Path) -> None:
+    dm = _data(tmp_path, tokenizer_path=str(hf_checkpoint))
+    task = LanguageSFT(checkpoint_dir=str(hf_checkpoint), bft=BFTOptions(precision="on"),
+                       export_dir=str(tmp_path / "export"), generate=False)  # fmt: skip
+    trainer = _trainer(tmp_path, 2, limit_val_batches=1)
+    trainer.fit(task, dm)
+    assert bool(task.calibrated)
+    gains = task.calibration_report.median_gain
+    assert all(0.9 < g < 0.99 for row in gains for g in row)
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "export")
+    assert (tmp_path / "export" / "tokenizer.json").is_file()
+    torch.testing.assert_close(back.model.embed_tokens.weight, task.model.model.embed_tokens.weight)
+
+
+def test_pretrain_stage_on_plain_text(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{i % 17}" for i in range(3000)))
+    f = write_squad_file(tmp_path / "s.json", articles=6)
+    dm = QAPretrainDataModule(seq_len=32, files=[str(f)], cache_dir=str(tmp_path),
+                              tokenizer_vocab_size=300, val_groups=1, test_groups=1,
+                              extra_text_files=[str(text)], batch_size=8)  # fmt: skip
+    task = LanguageSFT(TINY_CFG, lr=3e-3)
+    log = LossLog()
+    trainer = _trainer(
+        tmp_path, 30, callbacks=[log], limit_val_batches=2, val_check_interval=30,
+        check_val_every_n_epoch=None,
+    )  # fmt: skip
+    trainer.fit(task, dm)
+    assert sum(log.losses[-5:]) < 0.7 * sum(log.losses[:5])
+    assert "val/loss" in trainer.callback_metrics and "val/em" not in trainer.callback_metrics
+
+
+def test_vocab_mismatch_is_refused(tmp_path: Path) -> None:
+    dm = _data(tmp_path)
+    small = LlamaConfig(**{**TINY_CFG.__dict__, "vocab_size": 64})
+    with pytest.raises(ValueError, match="vocab_size"):
+        _trainer(tmp_path, 1).fit(LanguageSFT(small), dm)
+
+
+def test_needs_a_model() -> None:
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        LanguageSFT()
+
+
+def test_lightning_checkpoint_reloads_with_weights_only(tmp_path: Path) -> None:
+    dm = _data(tmp_path)
+    task = LanguageSFT(TINY_CFG, bft=BFTOptions(precision="on"), generate=False)
+    trainer = L.Trainer(
+        max_steps=3, accelerator="cpu", logger=False, default_root_dir=tmp_path,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(task, dm)
+    ckpt = next(tmp_path.rglob("*.ckpt"))
+    back = LanguageSFT.load_from_checkpoint(ckpt, weights_only=True)
+    x = torch.randint(3, 300, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(x), task.eval()(x))
