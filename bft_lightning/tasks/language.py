@@ -15,7 +15,6 @@ BFT starts close to the pretrained model.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from bft_lightning.models.llama import (
     LlamaForCausalLM,
     calibrate_precision,
 )
+from bft_lightning.tasks.optim import configure_adamw
 
 LOSSES = ("ce", "focal")
 IGNORE_INDEX = -100
@@ -257,32 +257,7 @@ class LanguageSFT(L.LightningModule):
 
     # -- optimisation -------------------------------------------------------------------
     def configure_optimizers(self):  # type: ignore[override]
-        decay, no_decay, prior = [], [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            if name.startswith("model.prior.") or name.endswith(".rho"):
-                prior.append(p)
-            elif p.ndim < 2 or "norm" in name:
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        groups = [
-            {"params": decay, "weight_decay": self.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-            {"params": prior, "weight_decay": 0.0, "lr": self.lr * self.prior_lr_scale},
-        ]
-        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr)
-        if not self.warmup_steps and not self.cosine:
-            return opt
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, self._schedule)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def _schedule(self, step: int) -> float:
-        warm = self.warmup_steps
-        if warm and step < warm:
-            return (step + 1) / warm
-        if not self.cosine:
-            return 1.0
-        total = max(int(self.trainer.estimated_stepping_batches) - warm, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(step - warm, total) / total))
+        return configure_adamw(
+            self, self.model, self.lr, self.weight_decay, self.prior_lr_scale,
+            self.warmup_steps, self.cosine,
+        )  # fmt: skip
