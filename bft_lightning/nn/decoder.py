@@ -321,7 +321,7 @@ class BFTLlamaDecoderLayer(nn.Module):
         f, _, _ = self.mlp(self.post_attention_layernorm(h))
         h = h + self.dropout2(f)
         if self.record:
-            self._record_off(h, valid, weights, gate)
+            self.last_stats = FilterStats.plain(valid, self.groups, weights, gate, self.n_heads)
         return h, LayerCache(k, v, valid_keys)
 
     def _forward_on(
@@ -396,18 +396,3 @@ class BFTLlamaDecoderLayer(nn.Module):
         if self._pending_sill is not None:
             self.sill.copy_(self._pending_sill)
             self._pending_sill = None
-
-    def _record_off(
-        self, h: Tensor, valid: Tensor, weights: Tensor | None, gate: Tensor | None
-    ) -> None:
-        b, t, _ = h.shape
-        ones = torch.ones(b, t, self.groups, device=h.device)
-        zeros = torch.zeros_like(ones)
-        n_eff = torch.zeros(b, t, self.n_heads, device=h.device)
-        if weights is not None:
-            n_eff = BF.kish_n_eff(weights.float().square().sum(-1)).transpose(1, 2)
-        self.last_stats = FilterStats.detached(
-            valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones, n_eff=n_eff,
-            log_prec_post=zeros, jbar=zeros, log_prec_out=zeros,
-            q=torch.zeros(self.groups, device=h.device), attention=weights, gate=gate,
-        )  # fmt: skip

@@ -320,10 +320,7 @@ class HSTULayer(nn.Module):
     @torch.no_grad()
     def _update_sill(self, values: Tensor, valid: Tensor) -> None:
         """Running per-head variance of the values over valid positions (like BatchNorm)."""
-        vals = values.transpose(1, 2)[valid]  # (N, H, dv)
-        if vals.shape[0] >= 2:
-            var = (vals - vals.mean(dim=0)).square().mean(dim=(0, 2))  # (H,)
-            self.sill.lerp_(var.to(self.sill.dtype), self.sill_momentum)
+        BF.update_running_sill_(self.sill, values, valid, self.sill_momentum)
 
     def _record_off(self, h: Tensor, valid: Tensor, w: Tensor) -> None:
         b, t, _ = h.shape
