@@ -7,11 +7,14 @@ off, on, ...) and reports medians and the on/off ratios. Peak memory is
 (PyTorch keeps no CPU allocator statistics) the bytes of activations saved for
 backward, which set a training step's memory.
 
-    OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py            # the three shapes
+    OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py            # the default shapes
     OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --off-impl reference
+    OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --on-impl chunked --shapes 2,4096,256,4
 
 ``--off-impl sdpa`` (default) gives the off twin PyTorch's fused attention,
-which is what a user of ``nn.TransformerEncoderLayer`` gets.
+which is what a user of ``nn.TransformerEncoderLayer`` gets. ``--on-impl``
+picks the BFT path: ``reference`` (materialised weights) or ``chunked``
+(query blocks of ``--chunk``, no (T x T) weights kept for backward).
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ import torch
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer
 
-SHAPES = [(128, 50, 64, 2), (64, 200, 64, 2), (8, 1024, 256, 4)]
+SHAPES = [(128, 50, 64, 2), (64, 200, 64, 2), (8, 1024, 256, 4), (2, 4096, 256, 4)]
 
 
-def build(d: int, h: int, precision: str, impl: str, device: str) -> BFTEncoder:
+def build(d: int, h: int, precision: str, impl: str, device: str, chunk: int = 256) -> BFTEncoder:
     layer = BFTEncoderLayer(d, h, 4 * d, dropout=0.1, activation="gelu", precision=precision,
-                            attention_impl=impl)  # fmt: skip
+                            attention_impl=impl, attention_chunk=chunk)  # fmt: skip
     return BFTEncoder(layer, 1).to(device).train()
 
 
@@ -79,12 +82,15 @@ def peak_memory(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: s
     )
 
 
-def measure(shape: tuple[int, int, int, int], reps: int, off_impl: str, device: str) -> dict:
+def measure(
+    shape: tuple[int, int, int, int], reps: int, off_impl: str, on_impl: str, chunk: int,
+    device: str,
+) -> dict:  # fmt: skip
     b, t, d, h = shape
     torch.manual_seed(0)
     models = {
         "off": build(d, h, "off", off_impl, device),
-        "on": build(d, h, "on", "reference", device),
+        "on": build(d, h, "on", on_impl, device, chunk),
     }
     models["on"].load_state_dict(models["off"].state_dict(), strict=False)
     x = torch.randn(b, t, d, device=device)
@@ -107,17 +113,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--off-impl", default="sdpa", choices=["sdpa", "reference"])
+    p.add_argument("--on-impl", default="chunked", choices=["chunked", "reference"])
+    p.add_argument("--chunk", type=int, default=256, help="query block of the chunked path")
+    p.add_argument("--shapes", nargs="+", default=None, help="B,T,d,H (default: all four)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"device={args.device} threads={torch.get_num_threads()} off_impl={args.off_impl}")
+    shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES
+    print(f"device={args.device} threads={torch.get_num_threads()} off_impl={args.off_impl} "
+          f"on_impl={args.on_impl} chunk={args.chunk}")  # fmt: skip
     print("| B, T, d, H | params off | params on | ms off | ms on | time on/off | "
           "MB off | MB on | mem on/off |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
-    for shape in SHAPES:
-        r = measure(shape, args.reps, args.off_impl, args.device)
+    for shape in shapes:
+        r = measure(shape, args.reps, args.off_impl, args.on_impl, args.chunk, args.device)
         t, m, n = r["time"], r["mem"], r["params"]
         print(
             f"| {shape} | {n['off']:,} | {n['on']:,} | {1e3 * t['off']:.1f} | {1e3 * t['on']:.1f} "

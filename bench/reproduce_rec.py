@@ -66,23 +66,35 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     argv = ["--config", str(config), f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
             f"--trainer.max_epochs={args.max_epochs}", "--trainer.enable_progress_bar=false",
             f"--trainer.logger.init_args.save_dir={out}", "--trainer.logger.init_args.name=tb",
+            "--trainer.logger.init_args.version=0",
             f"--data.init_args.data_root={args.data_root}", *extra, *args.override]  # fmt: skip
     cli = cli_main(argv, run=False)
     timer = EpochTimer()
     cli.trainer.callbacks.append(timer)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)
+    ckpts = out / "tb" / "version_0" / "checkpoints"
+    fit_done = out / "fit_done"
+    if not fit_done.exists():
+        # an interrupted run continues from its last epoch-end checkpoint
+        last = ckpts / "last.ckpt"
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
+        fit_done.write_text(json.dumps({"epochs_this_process": len(timer.times)}))
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpts / "best.ckpt"), verbose=False)
     metric = cli.model.test_metric
     np.save(out / "ranks.npy", metric.rank.cpu().numpy())
     np.save(out / "targets.npy", metric.target.cpu().numpy())
     summary = {
         "variant": variant, "seed": seed, "metrics": cli.model.test_results,
-        "epochs": len(timer.times), "sec_per_epoch": float(np.median(timer.times)),
+        "epochs": _epochs_trained(ckpts / "last.ckpt"),
+        "sec_per_epoch": float(np.median(timer.times)) if timer.times else None,
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
     return summary
+
+
+def _epochs_trained(last: Path) -> int:
+    return int(torch.load(last, map_location="cpu", weights_only=True)["epoch"]) + 1
 
 
 def _best_epoch(trainer: L.Trainer) -> int | None:
@@ -150,7 +162,8 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             row["paired_delta_hr10"], row["paired_se_hr10"] = paired(hr0, hr)
             row["paired_delta_ndcg10"], row["paired_se_ndcg10"] = paired(nd0, nd)
         summaries = [runs[(variant, s)]["summary"] for s in have]
-        row["sec_per_epoch"] = float(np.mean([s["sec_per_epoch"] for s in summaries]))
+        timed = [s["sec_per_epoch"] for s in summaries if s["sec_per_epoch"] is not None]
+        row["sec_per_epoch"] = float(np.mean(timed)) if timed else math.nan
         row["epochs"] = [s["epochs"] for s in summaries]
         row["best_epoch"] = [s["best_epoch"] for s in summaries]
         row["gain_q"] = [

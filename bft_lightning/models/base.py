@@ -45,6 +45,11 @@ class SequentialRecommender(nn.Module):
         head: ``"dot"`` (item dot product) or ``"precision"`` (the final
             precision sets a per-user temperature of the scores, so the last
             layer's ``Q`` is trained too).
+        attention_impl: ``"chunked"`` (default: query blocks with a hand-written
+            backward, no (T x T) weights kept; the off twin runs PyTorch's fused
+            attention) or ``"reference"`` (materialised weights, the spec's
+            reference). Same values and gradients. HSTU has its own attention.
+        attention_chunk: query block size of the chunked path.
     """
 
     causal: ClassVar[bool] = True
@@ -68,6 +73,8 @@ class SequentialRecommender(nn.Module):
         q_init: float = 0.01,
         attention_gate: str | None = None,
         head: str = "dot",
+        attention_impl: str = "chunked",
+        attention_chunk: int = 256,
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
@@ -84,6 +91,7 @@ class SequentialRecommender(nn.Module):
         layer_opts = dict(
             d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
             precision=precision, groups=groups, q_init=q_init, attention_gate=attention_gate,
+            attention_impl=attention_impl, attention_chunk=attention_chunk,
         )  # fmt: skip
         self.encoder = self.build_encoder(layer_opts, num_layers)
         self.final_norm = nn.LayerNorm(d_model)

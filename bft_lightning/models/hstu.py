@@ -50,6 +50,8 @@ class HSTU(SequentialRecommender):
     def build_encoder(self, layer_opts: dict, num_layers: int) -> nn.Module:
         opts = dict(layer_opts)
         opts.pop("dim_feedforward", None)
+        opts.pop("attention_impl", None)  # HSTU has its own pointwise attention
+        opts.pop("attention_chunk", None)
         if opts.pop("attention_gate", None) is not None:
             raise ValueError("HSTU takes no attention_gate: its U projection is the gate")
         layer = HSTULayer(

@@ -4,8 +4,13 @@
 (``in_proj_weight``, ``in_proj_bias``, ``out_proj``) so that weights copy
 across by ``load_state_dict``. The attention kernel is chosen by one switch
 (``impl``): ``"reference"`` materialises the (T x T) weights and returns the
-statistics the filter needs; ``"sdpa"`` calls PyTorch's fused kernel and is
-used where no statistics are needed (``precision="off"``).
+statistics the filter needs; ``"chunked"`` returns the same values and
+gradients from query blocks with a hand-written backward, so no (T x T)
+weights are kept (``nn.chunked``; long contexts); ``"sdpa"`` calls PyTorch's
+fused kernel where no statistics are needed (``precision="off"``). With
+``"chunked"`` or ``"sdpa"`` the off twin uses the fused kernel, and a call
+that asks for the weights (``need_weights``, e.g. the attention-sink monitor)
+takes the reference path.
 """
 
 from __future__ import annotations
@@ -16,6 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from bft_lightning.nn.chunked import chunked_attention
+from bft_lightning.nn.functional import upcast
+
+ATTENTION_IMPLS = ("reference", "chunked", "sdpa")
 
 
 @dataclass
@@ -79,7 +89,7 @@ def reference_attention(
     statistics (or None).
     """
     if with_stats:
-        q, k, v = q.float(), k.float(), v.float()
+        q, k, v = upcast(q), upcast(k), upcast(v)
     b, h, t, dh = q.shape
     s = k.shape[2]
     scale = 1.0 / math.sqrt(dh)
@@ -128,15 +138,19 @@ class KrigingAttention(nn.Module):
         dropout: float = 0.0,
         gate: str | None = None,
         impl: str = "reference",
+        chunk_size: int = 256,
     ) -> None:
         super().__init__()
         if d_model % nhead:
             raise ValueError(f"d_model={d_model} must be divisible by nhead={nhead}")
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
-        if impl not in ("reference", "sdpa"):
-            raise ValueError(f"attention impl must be 'reference' or 'sdpa', got {impl!r}")
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.d_model, self.nhead, self.dropout, self.impl = d_model, nhead, dropout, impl
+        self.chunk_size = chunk_size
         self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * d_model))
         self.out_proj = nn.Linear(d_model, d_model)
@@ -167,8 +181,17 @@ class KrigingAttention(nn.Module):
         q, k, v = (y.view(b, t, self.nhead, -1).transpose(1, 2) for y in (q, k, v))  # (B,H,T,dh)
         drop = self.dropout if self.training else 0.0
         weights = stats = None
-        if self.impl == "sdpa" and not with_stats and not need_weights and bias is None:
+        fused = self.impl != "reference" and not need_weights
+        if fused and not with_stats and bias is None:
             out = sdpa_attention(q, k, v, allowed, drop)
+        elif fused and self.impl == "chunked":
+            if with_stats:
+                q, k, v = upcast(q), upcast(k), upcast(v)
+            out, estimate, second_moment, sum_p_sq = chunked_attention(
+                q, k, v, allowed, bias, drop, self.chunk_size
+            )
+            if with_stats:
+                stats = KrigingStats(second_moment, estimate, sum_p_sq, v)
         else:
             out, weights, stats = reference_attention(
                 q, k, v, allowed, bias, drop, with_stats, need_weights

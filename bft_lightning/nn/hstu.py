@@ -320,7 +320,11 @@ class HSTULayer(nn.Module):
     @torch.no_grad()
     def _update_sill(self, values: Tensor, valid: Tensor) -> None:
         """Running per-head variance of the values over valid positions (like BatchNorm)."""
-        BF.update_running_sill_(self.sill, values, valid, self.sill_momentum)
+        # a new tensor, not an in-place update: this step's graph may still read
+        # the old value in its backward (under torch.compile it does)
+        new = self.sill.clone()
+        BF.update_running_sill_(new, values, valid, self.sill_momentum)
+        self.sill = new
 
     def _record_off(self, h: Tensor, valid: Tensor, w: Tensor) -> None:
         b, t, _ = h.shape

@@ -80,7 +80,10 @@ class BFTEncoderLayer(nn.Module):
         nu0: prior degrees of freedom of the REML sill prior.
         sill_momentum: momentum of the running sill ``s0^2``.
         attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
-        attention_impl: ``"reference"`` or ``"sdpa"`` (fused, off mode only).
+        attention_impl: ``"reference"`` (materialised weights), ``"chunked"``
+            (query blocks, memory-bounded, same values and gradients; the off
+            twin then uses the fused kernel) or ``"sdpa"`` (fused, off mode only).
+        attention_chunk: query block size of the ``"chunked"`` path.
         predict_noise: False skips ``Q`` (e.g. a last layer whose precision
             feeds nothing); True adds it.
     """
@@ -106,6 +109,7 @@ class BFTEncoderLayer(nn.Module):
         attention_gate: str | None = None,
         attention_impl: str = "reference",
         predict_noise: bool = True,
+        attention_chunk: int = 256,
     ) -> None:
         super().__init__()
         if not batch_first:
@@ -118,7 +122,9 @@ class BFTEncoderLayer(nn.Module):
         self.groups = _check_groups(d_model, nhead, groups)
         self.activation = _activation_name(activation)
         self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
-        self.self_attn = KrigingAttention(d_model, nhead, dropout, attention_gate, attention_impl)
+        self.self_attn = KrigingAttention(
+            d_model, nhead, dropout, attention_gate, attention_impl, attention_chunk
+        )
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -248,7 +254,11 @@ class BFTEncoderLayer(nn.Module):
         return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
 
     def _update_sill(self, values: Tensor, valid: Tensor) -> None:
-        BF.update_running_sill_(self.sill, values, valid, self.sill_momentum)
+        # a new tensor, not an in-place update: this step's graph may still read
+        # the old value in its backward (under torch.compile it does)
+        new = self.sill.clone()
+        BF.update_running_sill_(new, values, valid, self.sill_momentum)
+        self.sill = new
 
 
 class BFTEncoder(nn.Module):

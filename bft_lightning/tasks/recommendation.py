@@ -103,6 +103,8 @@ class SequentialRecommendation(L.LightningModule):
             default: a repeat purchase is a legitimate target).
         ks: cut-offs of HR@k / NDCG@k.
         report_dir: where test reports go; default the logger's directory.
+        compile: compile the backbone's encoder with ``torch.compile`` (dynamic
+            shapes: batches are trimmed to their longest history).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class SequentialRecommendation(L.LightningModule):
         mask_history: bool = False,
         ks: tuple[int, ...] = (1, 5, 10, 20),
         report_dir: str | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         if loss not in LOSSES:
@@ -130,6 +133,8 @@ class SequentialRecommendation(L.LightningModule):
                        prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
         self.save_hyperparameters(ignore=["backbone"])
         self.model = backbone(num_items, max_len)
+        if compile:  # an instance attribute: the state dict and checkpoints are unchanged
+            self.model.encode = torch.compile(self.model.encode, dynamic=True)  # type: ignore[method-assign]
         self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
         self.num_items, self.ks, self.mask_history = num_items, tuple(ks), mask_history
         self.lr, self.weight_decay, self.prior_lr_scale = lr, weight_decay, prior_lr_scale

@@ -1,0 +1,124 @@
+"""Training throughput: sequences per second and seconds per epoch, off and on.
+
+For each backbone (SASRec, BERT4Rec, HSTU) and ``precision`` off / on, builds
+the Amazon Beauty experiment from ``configs/experiments/<backbone>_<p>_beauty.yaml``
+(the same model, data, batch size and optimiser as the reported runs), trains
+``--steps`` optimiser steps after ``--warmup`` untimed ones and reports
+
+- sequences/s over the timed steps (training sequences, i.e. the batch size),
+- seconds per epoch = steps per epoch x median step time + data wait,
+- the share of the time spent waiting for the next batch (data pipeline),
+- with ``--compile``, the same for the backbone compiled by ``torch.compile``.
+
+    OMP_WAIT_POLICY=PASSIVE python bench/train_throughput.py                    # all six
+    OMP_WAIT_POLICY=PASSIVE python bench/train_throughput.py --backbones sasrec --compile
+
+Writes ``results/perf/train_throughput.md``. Not a test: numbers depend on the
+machine and its load; the on/off ratios come from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from bft_lightning.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class StepTimer(L.Callback):
+    """Per-step compute time and the wait for data between steps."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.step: list[float] = []
+        self.wait: list[float] = []
+        self._end: float | None = None
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self._start = time.perf_counter()
+        if self._end is not None and batch_idx > self.warmup:
+            self.wait.append(self._start - self._end)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self._end = time.perf_counter()
+        if batch_idx >= self.warmup:
+            self.step.append(self._end - self._start)
+
+
+def measure(backbone: str, precision: str, args: argparse.Namespace, compile_: bool) -> dict:
+    config = ROOT / "configs" / "experiments" / f"{backbone}_{precision}_beauty.yaml"
+    argv = [
+        "--config", str(config), "--trainer.max_steps", str(args.warmup + args.steps),
+        "--trainer.limit_val_batches=0", "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", "--trainer.callbacks=[]",
+        f"--data.init_args.data_root={args.data_root}", f"--model.init_args.compile={compile_}",
+    ]  # fmt: skip
+    cli = cli_main(argv, run=False)
+    timer = StepTimer(args.warmup)
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    step = statistics.median(timer.step)
+    wait = statistics.median(timer.wait) if timer.wait else 0.0
+    batches = len(cli.datamodule.train_dataloader())
+    batch_size = cli.datamodule.batch_size
+    return {
+        "backbone": backbone, "precision": precision, "compile": compile_,
+        "seq_per_s": batch_size / (step + wait), "sec_per_epoch": batches * (step + wait),
+        "wait_share": wait / (step + wait), "step_ms": 1e3 * step,
+    }  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--backbones", nargs="+", default=["sasrec", "bert4rec", "hstu"])
+    p.add_argument("--steps", type=int, default=40, help="timed optimiser steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--compile", action="store_true", help="also time the compiled backbone")
+    p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--out", default=str(ROOT / "results" / "perf" / "train_throughput.md"))
+    args = p.parse_args()
+    rows = []
+    for backbone in args.backbones:
+        for precision in ("off", "on"):
+            for compile_ in (False, True) if args.compile else (False,):
+                rows.append(measure(backbone, precision, args, compile_))
+                print(rows[-1], flush=True)
+    lines = [
+        "| backbone | precision | compiled | step ms | sequences/s | s/epoch | data wait | on/off time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        off = next(x for x in rows if x["backbone"] == r["backbone"] and x["precision"] == "off"
+                   and x["compile"] == r["compile"])  # fmt: skip
+        lines.append(
+            f"| {r['backbone']} | {r['precision']} | {'yes' if r['compile'] else 'no'} "
+            f"| {r['step_ms']:.0f} | {r['seq_per_s']:.0f} | {r['sec_per_epoch']:.1f} "
+            f"| {100 * r['wait_share']:.1f}% | {r['sec_per_epoch'] / off['sec_per_epoch']:.2f} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    cmd = "OMP_WAIT_POLICY=PASSIVE python bench/train_throughput.py " + " ".join(
+        f"--backbones {' '.join(args.backbones)}".split()
+        + [f"--steps {args.steps}", f"--warmup {args.warmup}"]
+        + (["--compile"] if args.compile else [])
+    )
+    Path(args.out).write_text(
+        "# Training throughput on Amazon Beauty\n\n"
+        f"Command: `{cmd}`\n\n"
+        f"Machine: {torch.get_num_threads()} threads, torch {torch.__version__}. Median step time "
+        "over the timed steps; s/epoch = batches per epoch x (step + data wait).\n\n"
+        f"{table}\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

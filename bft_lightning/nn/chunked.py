@@ -1,0 +1,175 @@
+"""Memory-bounded kriging attention: query chunks and a hand-written backward.
+
+The reference path (``attention.reference_attention``) keeps the (B, H, T, S)
+weights for autograd, so its memory grows with T^2 per head; the off twin's
+fused kernel (``scaled_dot_product_attention``) does not. This path gives the
+same values and gradients as the reference while holding only one
+(B, H, chunk, S) block at a time, in the forward and in the backward:
+
+- forward: for each block of queries, ``p = softmax(q.k / sqrt(d_h) + bias)``
+  over allowed keys; one product with ``[v, ||v||^2 / d_h]`` gives the
+  estimate and the second moment; ``sum_j p^2`` is a row reduction of the
+  block (the exact value; the log-sum-exp identity of spec section 1,
+  ``exp(LSE(2s) - 2 LSE(s))``, is only needed where a kernel hides ``p``).
+  Only the inputs and the (B, H, T, d_h + 1) outputs are saved.
+- backward: the block's weights are recomputed and every output's gradient
+  is folded into one ``dL/dp``::
+
+      G_j = g_e . [v_j, ||v_j||^2/d_h] + g_out . v_j m_j / keep + 2 g_P p_j
+      dL/ds_j = p_j (G_j - sum_k p_k G_k)
+
+  where ``m`` is the dropout mask (regenerated from a per-block seed, so the
+  backward sees the forward's mask) and ``P = sum_j p^2``, whose derivative
+  is ``dP/ds_j = 2 p_j (p_j - P)``.
+
+Attention dropout is supported; the mask comes from a seed drawn from the
+global generator, so ``seed_everything`` makes runs repeatable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+MASKED = -1e30  # finite, as in the reference path: an empty row stays finite
+
+
+def _block(
+    q: Tensor, k: Tensor, bias: Tensor | None, allowed: Tensor, i0: int, i1: int
+) -> tuple[Tensor, Tensor]:
+    """Weights (B, H, c, S) of queries ``i0:i1`` and their has-key flag (B, 1, c, 1)."""
+    b, h, _, dh = q.shape
+    s = k.shape[2]
+    c = i1 - i0
+    qc = q[:, :, i0:i1].reshape(b * h, c, dh)
+    kt = k.reshape(b * h, s, dh).transpose(1, 2)
+    if bias is None:
+        scores = torch.bmm(qc, kt).mul_(1.0 / math.sqrt(dh))
+    else:
+        base = bias.reshape(b * h, 1, s).expand(b * h, c, s)
+        scores = torch.baddbmm(base, qc, kt, alpha=1.0 / math.sqrt(dh))
+    block = allowed[:, :, i0:i1]
+    scores = scores.view(b, h, c, s).masked_fill_(~block, MASKED)
+    p = torch.softmax(scores, dim=-1)
+    return p, block.any(dim=-1, keepdim=True).to(p.dtype)
+
+
+def _keep_mask(p: Tensor, dropout_p: float, seed: int, index: int) -> Tensor:
+    """Dropout multiplier ``m / keep`` for one block, the same in forward and backward."""
+    gen = torch.Generator(device=p.device)
+    gen.manual_seed(seed + index)
+    keep = 1.0 - dropout_p
+    mask = torch.rand(p.shape, generator=gen, device=p.device, dtype=p.dtype)
+    return mask.lt_(keep).mul_(1.0 / keep)
+
+
+class _ChunkedKriging(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor | None,
+        allowed: Tensor,
+        dropout_p: float,
+        chunk: int,
+        seed: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        b, h, t, dh = q.shape
+        v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
+        e_aug = q.new_empty(b, h, t, dh + 1)
+        sum_p_sq = q.new_empty(b, h, t)
+        out = q.new_empty(b, h, t, dh) if dropout_p > 0 else None
+        for index, i0 in enumerate(range(0, t, chunk)):
+            i1 = min(t, i0 + chunk)
+            p, has_key = _block(q, k, bias, allowed, i0, i1)
+            e_aug[:, :, i0:i1] = (p @ v_aug) * has_key
+            sum_p_sq[:, :, i0:i1] = torch.linalg.vecdot(p, p) * has_key[..., 0]
+            if out is not None:
+                dropped = _keep_mask(p, dropout_p, seed, index).mul_(p)
+                out[:, :, i0:i1] = (dropped @ v) * has_key
+        ctx.save_for_backward(q, k, v, bias, allowed)
+        ctx.dropout_p, ctx.chunk, ctx.seed = dropout_p, chunk, seed  # type: ignore[attr-defined]
+        if out is None:
+            out = e_aug[..., :-1].clone()
+        return out, e_aug, sum_p_sq
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        g_out: Tensor | None,
+        g_e: Tensor | None,
+        g_p: Tensor | None,
+    ) -> tuple[Tensor | None, ...]:
+        q, k, v, bias, allowed = ctx.saved_tensors  # type: ignore[attr-defined]
+        dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
+        chunk: int = ctx.chunk  # type: ignore[attr-defined]
+        seed: int = ctx.seed  # type: ignore[attr-defined]
+        t, dh = q.shape[2], q.shape[3]
+        scale = 1.0 / math.sqrt(dh)
+        v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k)
+        dv_aug = torch.zeros_like(v_aug)
+        dbias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[3] else None
+        if g_out is not None and dropout_p == 0:
+            # without dropout the output is the estimate: one product serves both
+            g_e = q.new_zeros(*q.shape[:3], dh + 1) if g_e is None else g_e.clone()
+            g_e[..., :-1] += g_out
+            g_out = None
+        for index, i0 in enumerate(range(0, t, chunk)):
+            i1 = min(t, i0 + chunk)
+            p, has_key = _block(q, k, bias, allowed, i0, i1)
+            grad_p: Tensor | None = None
+            if g_e is not None:
+                ge = g_e[:, :, i0:i1] * has_key
+                grad_p = ge @ v_aug.transpose(-1, -2)
+                dv_aug += p.transpose(-1, -2) @ ge
+            if g_out is not None:  # with dropout (otherwise folded into g_e above)
+                go = g_out[:, :, i0:i1] * has_key
+                mask = _keep_mask(p, dropout_p, seed, index)
+                dv_aug[..., :-1] += (mask * p).transpose(-1, -2) @ go
+                from_out = (go @ v.transpose(-1, -2)).mul_(mask)
+                grad_p = from_out if grad_p is None else grad_p.add_(from_out)
+            if g_p is not None:
+                from_p = (2.0 * g_p[:, :, i0:i1, None] * has_key) * p
+                grad_p = from_p if grad_p is None else grad_p.add_(from_p)
+            if grad_p is None:
+                continue
+            # ds = p * (G - sum_k p_k G_k), in place on G
+            ds = grad_p.sub_(torch.linalg.vecdot(p, grad_p).unsqueeze(-1)).mul_(p)
+            dq[:, :, i0:i1] = (ds @ k) * scale
+            dk += (ds.transpose(-1, -2) @ q[:, :, i0:i1]) * scale
+            if dbias is not None:
+                dbias += ds.sum(-2)
+        dv = dv_aug[..., :-1] + dv_aug[..., -1:] * (2.0 / dh) * v
+        return dq, dk, dv, dbias, None, None, None, None
+
+
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor,
+    bias: Tensor | None,
+    dropout_p: float,
+    chunk_size: int = 256,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Kriging attention in query blocks of ``chunk_size``; same values as the reference.
+
+    q: (B, H, T, d_h); k, v: (B, H, S, d_h); allowed: (B, 1, T, S) bool; bias:
+    (B, H, S) per key or None. Returns the output with dropout (B, H, T, d_h),
+    the estimate ``sum_j p v_j`` (B, H, T, d_h), the second moment
+    ``sum_j p ||v_j||^2 / d_h`` (B, H, T) and ``sum_j p^2`` (B, H, T); rows with
+    no allowed key give 0 everywhere.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    out, e_aug, sum_p_sq = _ChunkedKriging.apply(
+        q, k, v, bias, allowed, float(dropout_p), int(chunk_size), seed
+    )
+    return out, e_aug[..., :-1], e_aug[..., -1], sum_p_sq

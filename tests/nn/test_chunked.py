@@ -1,0 +1,142 @@
+"""The chunked (memory-bounded) attention path against the materialised reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bft_lightning.nn.attention import build_allowed, reference_attention
+from bft_lightning.nn.chunked import _ChunkedKriging, chunked_attention
+from bft_lightning.nn.layers import BFTEncoderLayer
+
+
+def _inputs(b, h, t, dh, causal, pad, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, t, dh, generator=g, dtype=dtype) for _ in range(3))
+    bias = torch.randn(b, h, t, generator=g, dtype=dtype)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    if pad:
+        valid[0, :pad] = False  # left padding; with causal, the first rows have no key
+    if b > 1:
+        valid[-1] = False  # a sequence with no valid key at all
+        valid[-1, -1] = True
+    allowed = build_allowed(valid, causal)
+    return q, k, v, bias, allowed
+
+
+def _all_outputs(fn, q, k, v, bias):
+    out, estimate, second, sum_p_sq = fn(q, k, v, bias)
+    return torch.cat([out.flatten(), estimate.flatten(), second.flatten(), sum_p_sq.flatten()])
+
+
+def _reference(allowed):
+    def fn(q, k, v, bias):
+        out, _, st_ = reference_attention(q, k, v, allowed, bias, 0.0, True)
+        return out, st_.estimate, st_.second_moment, st_.sum_p_sq
+
+    return fn
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    t=st.integers(1, 12),
+    dh=st.sampled_from([1, 4, 8]),
+    causal=st.booleans(),
+    pad=st.integers(0, 5),
+    chunk=st.integers(1, 7),
+    seed=st.integers(0, 10_000),
+)
+def test_values_and_gradients_equal_reference(b, h, t, dh, causal, pad, chunk, seed):
+    q, k, v, bias, allowed = _inputs(b, h, t, dh, causal, min(pad, t - 1), seed)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    leaves_ref = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+
+    def chunked(q, k, v, bias):
+        return chunked_attention(q, k, v, allowed, bias, 0.0, chunk)
+
+    got = _all_outputs(chunked, *leaves)
+    want = _all_outputs(_reference(allowed), *leaves_ref)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    weights = torch.randn(got.shape, dtype=got.dtype, generator=torch.Generator().manual_seed(seed))
+    grads = torch.autograd.grad((got * weights).sum(), leaves)
+    grads_ref = torch.autograd.grad((want * weights).sum(), leaves_ref)
+    for name, a, r in zip("qkvb", grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-10, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_gradcheck_with_dropout(dropout):
+    """The backward regenerates the forward's dropout mask: gradcheck passes with dropout."""
+    q, k, v, bias, allowed = _inputs(2, 2, 6, 3, True, 2, 0)
+    args = [x.requires_grad_() for x in (q, k, v, bias)]
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, dropout, 4, 1234),
+        args,
+    )
+
+
+def test_dropout_drops_output_not_statistics():
+    q, k, v, bias, allowed = _inputs(2, 2, 16, 4, True, 0, 1)
+    torch.manual_seed(0)
+    out, estimate, second, sum_p_sq = chunked_attention(q, k, v, allowed, bias, 0.5, 5)
+    _, _, ref = reference_attention(q, k, v, allowed, bias, 0.0, True)
+    torch.testing.assert_close(estimate, ref.estimate)
+    torch.testing.assert_close(sum_p_sq, ref.sum_p_sq)
+    assert not torch.allclose(out, estimate)  # the output saw dropout
+    # unbiased: averaged over many masks the dropped output approaches the estimate
+    torch.manual_seed(1)
+    mean = torch.stack(
+        [chunked_attention(q, k, v, allowed, bias, 0.5, 5)[0] for _ in range(400)]
+    ).mean(0)
+    assert (mean - estimate).abs().max() < 0.25
+    assert (mean - estimate).abs().mean() < 0.03
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+@pytest.mark.parametrize("causal", [True, False])
+def test_layer_chunked_equals_reference(groups, causal):
+    """A whole BFT layer (train mode, running sill, padding): outputs and all grads agree."""
+    torch.manual_seed(0)
+    ref = BFTEncoderLayer(8, 2, 16, dropout=0.0, groups=groups, attention_impl="reference")
+    chk = BFTEncoderLayer(
+        8, 2, 16, dropout=0.0, groups=groups, attention_impl="chunked", attention_chunk=3
+    )
+    chk.load_state_dict(ref.state_dict())
+    h = torch.randn(3, 10, 8)
+    log_prec = torch.randn(3, 10, groups)
+    log_prec[0, :4] = float("-inf")  # padding
+    outs = []
+    for layer in (ref, chk):
+        x = h.clone().requires_grad_()
+        y, lp = layer(x, log_prec, is_causal=causal)
+        (y.square().sum() + lp[torch.isfinite(lp)].sum()).backward()
+        outs.append((y, lp, x.grad, [p.grad for p in layer.parameters()], layer.sill.clone()))
+    (y0, lp0, g0, pg0, s0), (y1, lp1, g1, pg1, s1) = outs
+    torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lp1, lp0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(s1, s0)
+    for a, r in zip(pg1, pg0, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-3, atol=1e-5)
+
+
+def test_off_twin_with_chunked_uses_fused_kernel_and_matches():
+    torch.manual_seed(0)
+    ref = BFTEncoderLayer(8, 2, 16, dropout=0.0, precision="off")
+    chk = BFTEncoderLayer(8, 2, 16, dropout=0.0, precision="off", attention_impl="chunked")
+    chk.load_state_dict(ref.state_dict())
+    h = torch.randn(2, 7, 8)
+    lp = torch.zeros(2, 7, 2)
+    lp[1, :3] = float("-inf")
+    torch.testing.assert_close(chk(h, lp, is_causal=True)[0], ref(h, lp, is_causal=True)[0])
+
+
+def test_chunk_size_validated():
+    with pytest.raises(ValueError, match="chunk_size"):
+        BFTEncoderLayer(8, 2, 16, attention_impl="chunked", attention_chunk=0)
+    with pytest.raises(ValueError, match="impl"):
+        BFTEncoderLayer(8, 2, 16, attention_impl="flash")
