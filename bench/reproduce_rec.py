@@ -76,9 +76,11 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     if not fit_done.exists():
         # an interrupted run continues from its last epoch-end checkpoint
         last = ckpts / "last.ckpt"
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
+        resume = str(last) if last.exists() else None
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume)
         fit_done.write_text(json.dumps({"epochs_this_process": len(timer.times)}))
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpts / "best.ckpt"), verbose=False)
+    best = str(ckpts / "best.ckpt")
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
     metric = cli.model.test_metric
     np.save(out / "ranks.npy", metric.rank.cpu().numpy())
     np.save(out / "targets.npy", metric.target.cpu().numpy())

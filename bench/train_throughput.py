@@ -93,7 +93,8 @@ def main() -> None:
                 rows.append(measure(backbone, precision, args, compile_))
                 print(rows[-1], flush=True)
     lines = [
-        "| backbone | precision | compiled | step ms | sequences/s | s/epoch | data wait | on/off time |",
+        "| backbone | precision | compiled | step ms | sequences/s | s/epoch | data wait "
+        "| on/off time |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -91,7 +91,7 @@ class _ChunkedKriging(torch.autograd.Function):
             if out is not None:
                 dropped = _keep_mask(p, dropout_p, seed, index).mul_(p)
                 out[:, :, i0:i1] = (dropped @ v) * has_key
-        ctx.save_for_backward(q, k, v, bias, allowed)
+        ctx.save_for_backward(q, k, v, bias, allowed)  # type: ignore[arg-type]
         ctx.dropout_p, ctx.chunk, ctx.seed = dropout_p, chunk, seed  # type: ignore[attr-defined]
         if out is None:
             out = e_aug[..., :-1].clone()
@@ -114,7 +114,8 @@ class _ChunkedKriging(torch.autograd.Function):
         dq = torch.zeros_like(q)
         dk = torch.zeros_like(k)
         dv_aug = torch.zeros_like(v_aug)
-        dbias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[3] else None
+        needs_grad: tuple[bool, ...] = ctx.needs_input_grad  # type: ignore[attr-defined]
+        dbias = torch.zeros_like(bias) if bias is not None and needs_grad[3] else None
         if g_out is not None and dropout_p == 0:
             # without dropout the output is the estimate: one product serves both
             g_e = q.new_zeros(*q.shape[:3], dh + 1) if g_e is None else g_e.clone()
