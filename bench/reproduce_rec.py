@@ -30,13 +30,19 @@ import numpy as np
 import torch
 
 from bft_lightning.cli import main as cli_main
-from bft_lightning.metrics.strata import assign_item_stratum, popularity_quartiles
+from bft_lightning.metrics.strata import (
+    assign_item_stratum,
+    assign_user_bucket,
+    history_buckets,
+    popularity_quartiles,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "off": ("off", []),
     "on_constant": ("on", ["--model.init_args.backbone.init_args.prior_init=constant"]),
     "on_frequency": ("on", ["--model.init_args.backbone.init_args.prior_init=frequency"]),
+    "on_shuffled": ("on", ["--model.init_args.backbone.init_args.prior_init=frequency_shuffled"]),
     "on_mlp": ("on", ["--model.init_args.backbone.init_args.prior=mlp"]),
     "on_head": ("on", ["--model.init_args.backbone.init_args.head=precision"]),
     "gate": ("off", ["--model.init_args.backbone.init_args.attention_gate=sigmoid"]),
@@ -74,29 +80,27 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     ckpts = out / "tb" / "version_0" / "checkpoints"
     fit_done = out / "fit_done"
     if not fit_done.exists():
-        # an interrupted run continues from its last epoch-end checkpoint
+        # an interrupted run continues from last.ckpt (Lightning writes it when the
+        # monitored metric improves, so training resumes from the best epoch so far)
         last = ckpts / "last.ckpt"
         resume = str(last) if last.exists() else None
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume)
-        fit_done.write_text(json.dumps({"epochs_this_process": len(timer.times)}))
+        fit_done.write_text(json.dumps({"epochs": cli.trainer.current_epoch}))
     best = str(ckpts / "best.ckpt")
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
     metric = cli.model.test_metric
     np.save(out / "ranks.npy", metric.rank.cpu().numpy())
     np.save(out / "targets.npy", metric.target.cpu().numpy())
+    np.save(out / "history_len.npy", metric.history_len.cpu().numpy())
     summary = {
         "variant": variant, "seed": seed, "metrics": cli.model.test_results,
-        "epochs": _epochs_trained(ckpts / "last.ckpt"),
+        "epochs": json.loads(fit_done.read_text()).get("epochs"),
         "sec_per_epoch": float(np.median(timer.times)) if timer.times else None,
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
     return summary
-
-
-def _epochs_trained(last: Path) -> int:
-    return int(torch.load(last, map_location="cpu", weights_only=True)["epoch"]) + 1
 
 
 def _best_epoch(trainer: L.Trainer) -> int | None:
@@ -139,6 +143,18 @@ def _per_user(runs: dict, variant: str, seeds: list[int]) -> tuple[np.ndarray, n
     return hits(ranks).mean(0)[seen], ndcg(ranks).mean(0)[seen]
 
 
+def _seen(runs: dict, variant: str, seeds: list[int]) -> np.ndarray:
+    return (np.stack([runs[(variant, s)]["ranks"] for s in seeds]) >= 0).all(0)
+
+
+def _history_lengths(runs: dict) -> np.ndarray | None:
+    """Per-user training-history length (-1 = not a test user), from any run that saved it."""
+    for run in runs.values():
+        if run.get("history_len") is not None:
+            return run["history_len"]
+    return None
+
+
 def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path) -> list[dict]:
     """Rows of the results table: overall and Q0, mean over seeds, paired deltas."""
     first = next(iter(runs.values()))
@@ -146,8 +162,14 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
     strata = assign_item_stratum(
         torch.as_tensor(first["targets"]).clamp_min(1), freq, popularity_quartiles(freq)
     ).numpy()
+    lengths = _history_lengths(runs)
+    cold = None
+    if lengths is not None:
+        seen = lengths >= 0
+        bounds = history_buckets(torch.as_tensor(lengths[seen]))
+        cold = (assign_user_bucket(torch.as_tensor(lengths), bounds).numpy() == 0) & seen
     rows = []
-    for variant in args.variants:
+    for variant in [v for v in VARIANTS if any(key[0] == v for key in runs)]:
         have = [s for s in seeds if (variant, s) in runs and ("off", s) in runs]
         if not have:
             continue
@@ -160,6 +182,11 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             row[f"hr10_q{q}"], row[f"ndcg10_q{q}"] = float(hr[m].mean()), float(nd[m].mean())
             if variant != "off":
                 row[f"paired_delta_hr10_q{q}"], row[f"paired_se_hr10_q{q}"] = paired(hr0[m], hr[m])
+        if cold is not None:
+            c = cold[_seen(runs, variant, have)]
+            row["hr10_cold"] = float(hr[c].mean())
+            if variant != "off":
+                row["paired_delta_hr10_cold"], row["paired_se_hr10_cold"] = paired(hr0[c], hr[c])
         if variant != "off":
             row["paired_delta_hr10"], row["paired_se_hr10"] = paired(hr0, hr)
             row["paired_delta_ndcg10"], row["paired_se_ndcg10"] = paired(nd0, nd)
@@ -184,10 +211,13 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
              "Full ranking over all items, leave-one-out, no history masking; best-validation "
              "(NDCG@10) checkpoint; per-user metrics averaged over the seeds listed, then the "
              "paired difference to the off twin over the same test users (± paired SE). "
-             "Q0 = rarest quarter of items by training frequency (the target's stratum).", "",
+             "Q0 = rarest quarter of items by training frequency (the target's stratum); "
+             "Q3 = the most frequent quarter; cold = users in the shortest-history bucket "
+             "(B0, history-length quartiles over all test users). Variants from earlier "
+             "invocations with the same runs directory are included.", "",
              "| variant | seeds | HR@10 | NDCG@10 | ΔHR@10 (SE) | ΔNDCG@10 (SE) | HR@10 Q0 | "
-             "ΔHR@10 Q0 (SE) | ΔHR@10 Q3 (SE) | s/epoch | epochs (best) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "ΔHR@10 Q0 (SE) | ΔHR@10 Q3 (SE) | ΔHR@10 cold (SE) | s/epoch | epochs (best) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
 
         def d(key: str, r: dict = r) -> str:
@@ -197,6 +227,7 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
             f"| {r['variant']} | {r['seeds']} | {r['hr10']:.4f} | {r['ndcg10']:.4f} | "
             f"{d('paired_delta_hr10')} | {d('paired_delta_ndcg10')} | {r['hr10_q0']:.4f} | "
             f"{d('paired_delta_hr10_q0')} | {d('paired_delta_hr10_q3')} | "
+            f"{d('paired_delta_hr10_cold')} | "
             f"{r['sec_per_epoch']:.1f} | {r['epochs']} ({r['best_epoch']}) |"
         )
     lines += ["", "Mechanism diagnostics (first seed's tau; gain averaged over seeds):", "",
@@ -247,6 +278,7 @@ def main() -> None:
     p.add_argument("--runs-dir", default=str(ROOT / "logs" / "reproduce"))
     p.add_argument("--results-dir", default=str(ROOT / "results" / "rec"))
     p.add_argument("--override", nargs="*", default=[], help="extra CLI arguments for every run")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
     import sys
 
     args = p.parse_args()
@@ -254,12 +286,15 @@ def main() -> None:
     if "off" not in args.variants:
         args.variants.insert(0, "off")
     base = Path(args.runs_dir) / f"{args.dataset}_{args.backbone}"
+    if args.report_only:
+        report(args, load_runs(base, list(VARIANTS)))
+        return
     for seed in args.seeds:
         for variant in args.variants:
             out = base / f"{variant}_s{seed}"
             out.mkdir(parents=True, exist_ok=True)
             run_one(args, variant, seed, out)
-            report(args, load_runs(base, args.variants))
+            report(args, load_runs(base, list(VARIANTS)))
 
 
 def load_runs(base: Path, variants: list[str]) -> dict:
@@ -274,6 +309,8 @@ def load_runs(base: Path, variants: list[str]) -> dict:
             "summary": json.loads(done.read_text()), "ranks": np.load(out / "ranks.npy"),
             "targets": np.load(out / "targets.npy"),
             "item_frequency": np.load(out / "item_frequency.npy"),
+            "history_len": np.load(out / "history_len.npy")
+            if (out / "history_len.npy").exists() else None,
         }  # fmt: skip
     return runs
 

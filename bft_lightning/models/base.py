@@ -37,7 +37,8 @@ class SequentialRecommender(nn.Module):
         precision: ``"on"`` (BFT) or ``"off"`` (the plain backbone).
         groups: precision groups ``G`` (divisor of ``d``); None means ``nhead``.
         prior: layer-0 precision prior, ``"table"`` (per item) or ``"mlp"``.
-        prior_init: ``"constant"`` or ``"frequency"`` (table prior only).
+        prior_init: ``"constant"``, ``"frequency"`` or ``"frequency_shuffled"``
+            (a control; table prior only).
         prior_scale: ``c``; None matches the input scale, ``1 / mean Var(h0)``.
         prior_width: 1 (one tau per item) or ``G``.
         q_init: initial process noise ``Q0``.
@@ -132,13 +133,13 @@ class SequentialRecommender(nn.Module):
     @torch.no_grad()
     def init_prior_from_frequency(self, item_frequency: Tensor) -> None:
         """Apply ``prior_init="frequency"`` once the data's item counts are known."""
-        if not isinstance(self.prior, PrecisionPrior) or self.prior_init != "frequency":
+        if not isinstance(self.prior, PrecisionPrior) or self.prior_init == "constant":
             return
         counts = torch.zeros(self.prior.log_tau.num_embeddings)
         n = min(len(item_frequency), len(counts))
         counts[:n] = item_frequency[:n].float()
         scale = math.exp(self.prior.log_tau.weight[1:].mean().item())
-        self.prior.reset("frequency", scale, counts)
+        self.prior.reset(self.prior_init, scale, counts)
 
     # -- views of a batch ---------------------------------------------------------------
     def train_view(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -100,6 +100,23 @@ def test_frequency_prior_init_orders_tau_by_count() -> None:
     assert abs(log_tau.mean().item() - torch.log(torch.tensor(model.input_scale())).item()) < 1e-3
 
 
+def test_shuffled_frequency_control_keeps_values_not_order() -> None:
+    freq = torch.arange(N + 1) ** 2
+    tables = {}
+    for init in ("frequency", "frequency_shuffled"):
+        torch.manual_seed(0)
+        model = SASRec(N, max_len=L, precision="on", prior_init=init)
+        model.init_prior_from_frequency(freq)
+        tables[init] = model.prior.log_tau.weight[:, 0].clone()
+    ordered, shuffled = tables["frequency"], tables["frequency_shuffled"]
+    assert shuffled[0] == ordered[0]  # the padding row stays
+    torch.testing.assert_close(shuffled[1:].sort().values, ordered[1:].sort().values)
+    assert not torch.equal(shuffled, ordered)
+    rank_corr = torch.corrcoef(torch.stack([shuffled[1:].argsort().argsort().float(),
+                                            torch.arange(N).float()]))[0, 1]  # fmt: skip
+    assert abs(rank_corr) < 0.5
+
+
 def test_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match="num_items"):
         SASRec(0)
