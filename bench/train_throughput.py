@@ -53,13 +53,14 @@ class StepTimer(L.Callback):
             self.step.append(self._end - self._start)
 
 
-def measure(backbone: str, precision: str, args: argparse.Namespace, compile_: bool) -> dict:
+def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namespace) -> dict:
     config = ROOT / "configs" / "experiments" / f"{backbone}_{precision}_beauty.yaml"
     argv = [
         "--config", str(config), "--trainer.max_steps", str(args.warmup + args.steps),
         "--trainer.limit_val_batches=0", "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", "--trainer.callbacks=[]",
+        f"--trainer.default_root_dir={ROOT / 'logs' / 'throughput'}",
         f"--data.init_args.data_root={args.data_root}", f"--model.init_args.compile={compile_}",
     ]  # fmt: skip
     cli = cli_main(argv, run=False)
@@ -83,15 +84,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="timed optimiser steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--compile", action="store_true", help="also time the compiled backbone")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs of each configuration, mirrored order; fastest counts",
+    )
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--out", default=str(ROOT / "results" / "perf" / "train_throughput.md"))
     args = p.parse_args()
-    rows = []
-    for backbone in args.backbones:
-        for precision in ("off", "on"):
-            for compile_ in (False, True) if args.compile else (False,):
-                rows.append(measure(backbone, precision, args, compile_))
-                print(rows[-1], flush=True)
+    configs = [
+        (backbone, precision, compile_)
+        for backbone in args.backbones
+        for precision in ("off", "on")
+        for compile_ in ((False, True) if args.compile else (False,))
+    ]
+    best: dict[tuple, dict] = {}
+    for r in range(args.repeats):  # mirrored order: a load change hits both twins alike
+        for config in configs if r % 2 == 0 else configs[::-1]:
+            result = measure(*config, args)
+            print(result, flush=True)
+            if config not in best or result["sec_per_epoch"] < best[config]["sec_per_epoch"]:
+                best[config] = result
+    rows = [best[c] for c in configs]
     lines = [
         "| backbone | precision | compiled | step ms | sequences/s | s/epoch | data wait "
         "| on/off time |",
@@ -109,14 +124,15 @@ def main() -> None:
     print(table)
     cmd = "OMP_WAIT_POLICY=PASSIVE python bench/train_throughput.py " + " ".join(
         f"--backbones {' '.join(args.backbones)}".split()
-        + [f"--steps {args.steps}", f"--warmup {args.warmup}"]
+        + [f"--steps {args.steps}", f"--warmup {args.warmup}", f"--repeats {args.repeats}"]
         + (["--compile"] if args.compile else [])
     )
     Path(args.out).write_text(
         "# Training throughput on Amazon Beauty\n\n"
         f"Command: `{cmd}`\n\n"
         f"Machine: {torch.get_num_threads()} threads, torch {torch.__version__}. Median step time "
-        "over the timed steps; s/epoch = batches per epoch x (step + data wait).\n\n"
+        "over the timed steps; s/epoch = batches per epoch x (step + data wait); each "
+        f"configuration ran {args.repeats} times in mirrored order and the fastest run counts.\n\n"
         f"{table}\n"
     )
 
