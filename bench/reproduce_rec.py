@@ -324,6 +324,27 @@ def report(args: argparse.Namespace, runs: dict) -> None:
     write_markdown(args, rows, stem.with_suffix(".md"))
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     plot(rows, stem.with_suffix(".png"), f"{args.backbone} on {args.dataset}")
+    write_summary(res)
+
+
+SUMMARY_KEYS = (
+    "dataset", "backbone", "variant", "seeds", "hr10", "ndcg10", "paired_delta_hr10",
+    "paired_se_hr10", "paired_delta_hr10_q0", "paired_se_hr10_q0", "paired_delta_ndcg10",
+    "paired_se_ndcg10", "paired_delta_hr10_cold", "paired_se_hr10_cold",
+)  # fmt: skip
+
+
+def write_summary(res: Path) -> None:
+    """``summary.json``: one row per (dataset, backbone, variant) over every table written."""
+    rows = []
+    for table in sorted(res.glob("*_*.json")):
+        if table.name == "summary.json":
+            continue
+        for row in json.loads(table.read_text()):
+            rows.append({k: row[k] for k in SUMMARY_KEYS if k in row})
+    tmp = res / "summary.json.tmp"
+    tmp.write_text(json.dumps(rows, indent=1))
+    tmp.replace(res / "summary.json")
 
 
 if __name__ == "__main__":

@@ -129,6 +129,9 @@ class GainByStratum(EvalRecorder):
             return ids
         if ids.ndim == 1 and ids.shape[0] == s.valid.shape[0]:
             return ids.unsqueeze(1).expand_as(s.valid)
+        b, t = s.valid.shape
+        if ids.ndim == 2 and ids.shape[0] == b and ids.shape[1] > t and not ids[:, :-t].any():
+            return ids[:, -t:]  # the model trimmed columns of left padding
         self._warn_once(
             "shape",
             f"GainByStratum: batch[{self.item_key!r}] has shape {tuple(ids.shape)}, but the "

@@ -117,3 +117,17 @@ def test_gain_by_context_on_the_gated_baseline(tmp_path):
     assert (cb.last_means["n_eff"][0][seen] >= 1).all()  # from the recorded attention
     assert math.isnan(cb.last_corr["K"][0].item())  # K = 1 everywhere
     assert -1 <= cb.last_corr["gate"][0].item() <= 1
+
+
+def test_stratum_ids_align_with_trimmed_left_padding():
+    """A model that drops all-padding columns on the left still gets its ids aligned."""
+    from types import SimpleNamespace
+
+    cb = GainByStratum(item_frequency=FREQ.tolist())
+    ids = torch.tensor([[0, 0, 3, 4, 5], [0, 0, 0, 7, 8]])
+    stats = SimpleNamespace(valid=torch.ones(2, 3, dtype=torch.bool))
+    assert torch.equal(cb._item_ids({"input_ids": ids}, stats), ids[:, 2:])
+    # a column that is not padding cannot have been trimmed: skipped with a warning
+    stats = SimpleNamespace(valid=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.warns(UserWarning, match="positions"):
+        assert cb._item_ids({"input_ids": ids}, stats) is None
