@@ -188,6 +188,12 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             if variant != "off":
                 row["paired_delta_hr10_cold"], row["paired_se_hr10_cold"] = paired(hr0[c], hr[c])
         if variant != "off":
+            # training noise: the same-seed difference of each seed (seed s of the
+            # variant against seed s of the off twin), besides the pooled paired SE
+            row["per_seed_delta_hr10"] = [
+                float(np.subtract(*(_per_user(runs, v, [s])[0].mean() for v in (variant, "off"))))
+                for s in have
+            ]
             row["paired_delta_hr10"], row["paired_se_hr10"] = paired(hr0, hr)
             row["paired_delta_ndcg10"], row["paired_se_ndcg10"] = paired(nd0, nd)
         summaries = [runs[(variant, s)]["summary"] for s in have]
@@ -246,6 +252,16 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
         )
         g = " | ".join("–" if math.isnan(x) else f"{x:.3f}" for x in r["gain_q"])
         lines.append(f"| {r['variant']} | {tau} | {g} |")
+    lines += ["", "Same-seed differences in HR@10 (variant seed s minus off seed s): the spread "
+              "of these is the training noise the pooled paired SE does not see.", "",
+              "| variant | seeds | per-seed ΔHR@10 | mean | SD across seeds |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "per_seed_delta_hr10" in r:
+            d = np.array(r["per_seed_delta_hr10"])
+            sd = f"{d.std(ddof=1):.4f}" if len(d) > 1 else "–"
+            per = ", ".join(f"{x:+.4f}" for x in d)
+            lines.append(f"| {r['variant']} | {r['seeds']} | {per} | {d.mean():+.4f} | {sd} |")
     path.write_text("\n".join(lines) + "\n")
 
 
