@@ -61,6 +61,11 @@ def build_allowed(valid: Tensor, is_causal: bool, attn_mask: Tensor | None = Non
     return allowed.expand(valid.shape[0], 1, t, t)
 
 
+def is_autocast(x: Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device type."""
+    return torch.is_autocast_enabled(x.device.type)
+
+
 MASKED = -1e30  # finite: a row with no allowed key stays finite and is zeroed after
 
 
@@ -187,15 +192,18 @@ class KrigingAttention(nn.Module):
         elif fused and self.impl == "chunked":
             if with_stats:
                 q, k, v = upcast(q), upcast(k), upcast(v)
-            out, estimate, second_moment, sum_p_sq = chunked_attention(
-                q, k, v, allowed, bias, drop, self.chunk_size
-            )
+            # the statistics are accumulated in float32 (spec section 1), also under autocast
+            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
+                out, estimate, second_moment, sum_p_sq = chunked_attention(
+                    q, k, v, allowed, bias, drop, self.chunk_size
+                )
             if with_stats:
                 stats = KrigingStats(second_moment, estimate, sum_p_sq, v)
         else:
-            out, weights, stats = reference_attention(
-                q, k, v, allowed, bias, drop, with_stats, need_weights
-            )
+            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
+                out, weights, stats = reference_attention(
+                    q, k, v, allowed, bias, drop, with_stats, need_weights
+                )
         out = out.to(v.dtype).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
         gate = None
         if self.gate is not None:

@@ -140,3 +140,25 @@ def test_chunk_size_validated():
         BFTEncoderLayer(8, 2, 16, attention_impl="chunked", attention_chunk=0)
     with pytest.raises(ValueError, match="impl"):
         BFTEncoderLayer(8, 2, 16, attention_impl="flash")
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_statistics_stay_float32_under_bf16_autocast(impl):
+    """Spec section 1: the spread is a difference of two large numbers; it is
+    accumulated in float32 even when the model runs under bf16 autocast."""
+    from bft_lightning.nn.attention import KrigingAttention
+
+    torch.manual_seed(0)
+    attn = KrigingAttention(16, 2, impl=impl, chunk_size=4)
+    x = torch.randn(2, 9, 16) * 3 + 5  # large common mean: S is a small difference
+    allowed = build_allowed(torch.ones(2, 9, dtype=torch.bool), True)
+    bias = torch.randn(2, 2, 9)
+    _, _, want, _ = attn(x, allowed, bias, with_stats=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, _, got, _ = attn(x, allowed, bias, with_stats=True)
+    for name in ("estimate", "second_moment", "sum_p_sq"):
+        assert getattr(got, name).dtype == torch.float32, name
+    spread = lambda st_: st_.second_moment - st_.estimate.square().mean(-1)  # noqa: E731
+    # bf16 only in the input projection: the spread stays within a few percent
+    err = (spread(got) - spread(want)).abs().mean() / spread(want).abs().mean()
+    assert err < 0.05
