@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -62,11 +63,16 @@ class EpochTimer(L.Callback):
         self.times.append(time.perf_counter() - self._t)
 
 
-def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dict:
+def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dict | None:
     """Train + test one (variant, seed); cache per-user ranks and a summary."""
     done = out / "summary.json"
     if done.exists():
         return json.loads(done.read_text())
+    lock = out / "running"
+    if lock.exists() and _alive(int(lock.read_text())):
+        print(f"{out} is being trained by process {lock.read_text()}; skipped", flush=True)
+        return None
+    lock.write_text(str(os.getpid()))
     precision, extra = VARIANTS[variant]
     config = ROOT / "configs" / "experiments" / f"{args.backbone}_{precision}_{args.dataset}.yaml"
     argv = ["--config", str(config), f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
@@ -100,7 +106,16 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
+    lock.unlink(missing_ok=True)
     return summary
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _best_epoch(trainer: L.Trainer) -> int | None:
@@ -258,10 +273,10 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
               "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if "per_seed_delta_hr10" in r:
-            d = np.array(r["per_seed_delta_hr10"])
-            sd = f"{d.std(ddof=1):.4f}" if len(d) > 1 else "–"
-            per = ", ".join(f"{x:+.4f}" for x in d)
-            lines.append(f"| {r['variant']} | {r['seeds']} | {per} | {d.mean():+.4f} | {sd} |")
+            deltas = np.array(r["per_seed_delta_hr10"])
+            sd = f"{deltas.std(ddof=1):.4f}" if len(deltas) > 1 else "–"
+            per = ", ".join(f"{x:+.4f}" for x in deltas)
+            lines.append(f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} |")
     path.write_text("\n".join(lines) + "\n")
 
 
