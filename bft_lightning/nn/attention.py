@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bft_lightning.nn.chunked import chunked_attention
+from bft_lightning.nn.chunked import chunked_attention, masked_value
 from bft_lightning.nn.functional import upcast
 
 ATTENTION_IMPLS = ("reference", "chunked", "sdpa")
@@ -103,7 +103,7 @@ def reference_attention(
         scores = torch.bmm(qf, kf) * scale
     else:
         scores = torch.baddbmm(bias.reshape(b * h, 1, s).to(q.dtype), qf, kf, alpha=scale)
-    scores = scores.view(b, h, t, s).masked_fill(~allowed, MASKED)
+    scores = scores.view(b, h, t, s).masked_fill(~allowed, masked_value(scores.dtype))
     p = torch.softmax(scores, dim=-1)
     has_key = allowed.any(dim=-1, keepdim=True).to(p.dtype)  # (B, 1, T, 1)
     p_drop = F.dropout(p, dropout_p) if dropout_p > 0 else p
@@ -192,6 +192,7 @@ class KrigingAttention(nn.Module):
         elif fused and self.impl == "chunked":
             if with_stats:
                 q, k, v = upcast(q), upcast(k), upcast(v)
+                bias = None if bias is None else upcast(bias)
             # the statistics are accumulated in float32 (spec section 1), also under autocast
             with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
                 out, estimate, second_moment, sum_p_sq = chunked_attention(

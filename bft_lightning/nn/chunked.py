@@ -32,28 +32,41 @@ import math
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 MASKED = -1e30  # finite, as in the reference path: an empty row stays finite
 
 
+def masked_value(dtype: torch.dtype) -> float:
+    """A finite logit for blocked keys: -1e30, or the dtype's lowest for half types."""
+    return max(MASKED, torch.finfo(dtype).min)
+
+
 def _block(
-    q: Tensor, k: Tensor, bias: Tensor | None, allowed: Tensor, i0: int, i1: int
+    q: Tensor, kt: Tensor, bias: Tensor | None, allowed: Tensor, i0: int, i1: int
 ) -> tuple[Tensor, Tensor]:
-    """Weights (B, H, c, S) of queries ``i0:i1`` and their has-key flag (B, 1, c, 1)."""
+    """Weights (B, H, c, S) of queries ``i0:i1`` and their has-key flag (B, 1, c, 1).
+
+    kt: the keys as (B * H, d_h, S), laid out once for all blocks.
+    """
     b, h, _, dh = q.shape
-    s = k.shape[2]
+    s = kt.shape[2]
     c = i1 - i0
     qc = q[:, :, i0:i1].reshape(b * h, c, dh)
-    kt = k.reshape(b * h, s, dh).transpose(1, 2)
     if bias is None:
         scores = torch.bmm(qc, kt).mul_(1.0 / math.sqrt(dh))
     else:
-        base = bias.reshape(b * h, 1, s).expand(b * h, c, s)
+        base = bias.reshape(b * h, 1, s).to(qc.dtype).expand(b * h, c, s)
         scores = torch.baddbmm(base, qc, kt, alpha=1.0 / math.sqrt(dh))
     block = allowed[:, :, i0:i1]
-    scores = scores.view(b, h, c, s).masked_fill_(~block, MASKED)
+    scores = scores.view(b, h, c, s).masked_fill_(~block, masked_value(scores.dtype))
     p = torch.softmax(scores, dim=-1)
     return p, block.any(dim=-1, keepdim=True).to(p.dtype)
+
+
+def _keys(k: Tensor) -> Tensor:
+    b, h, s, dh = k.shape
+    return k.reshape(b * h, s, dh).transpose(1, 2)
 
 
 def _keep_mask(p: Tensor, dropout_p: float, seed: int, index: int) -> Tensor:
@@ -61,8 +74,9 @@ def _keep_mask(p: Tensor, dropout_p: float, seed: int, index: int) -> Tensor:
     gen = torch.Generator(device=p.device)
     gen.manual_seed(seed + index)
     keep = 1.0 - dropout_p
-    mask = torch.rand(p.shape, generator=gen, device=p.device, dtype=p.dtype)
-    return mask.lt_(keep).mul_(1.0 / keep)
+    # drawn in float32 whatever p's dtype, so the same seed gives the same mask
+    mask = torch.rand(p.shape, generator=gen, device=p.device, dtype=torch.float32)
+    return mask.lt_(keep).mul_(1.0 / keep).to(p.dtype)
 
 
 class _ChunkedKriging(torch.autograd.Function):
@@ -78,26 +92,30 @@ class _ChunkedKriging(torch.autograd.Function):
         chunk: int,
         seed: int,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        b, h, t, dh = q.shape
+        b, h, t, _ = q.shape
+        dv = v.shape[-1]
+        kt = _keys(k)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
-        e_aug = q.new_empty(b, h, t, dh + 1)
+        e_aug = q.new_empty(b, h, t, dv + 1)
         sum_p_sq = q.new_empty(b, h, t)
-        out = q.new_empty(b, h, t, dh) if dropout_p > 0 else None
+        out = q.new_empty(b, h, t, dv) if dropout_p > 0 else None
         for index, i0 in enumerate(range(0, t, chunk)):
             i1 = min(t, i0 + chunk)
-            p, has_key = _block(q, k, bias, allowed, i0, i1)
+            p, has_key = _block(q, kt, bias, allowed, i0, i1)
             e_aug[:, :, i0:i1] = (p @ v_aug) * has_key
             sum_p_sq[:, :, i0:i1] = torch.linalg.vecdot(p, p) * has_key[..., 0]
             if out is not None:
                 dropped = _keep_mask(p, dropout_p, seed, index).mul_(p)
                 out[:, :, i0:i1] = (dropped @ v) * has_key
         ctx.save_for_backward(q, k, v, bias, allowed)  # type: ignore[arg-type]
+        ctx.set_materialize_grads(False)  # an unused output costs nothing in the backward
         ctx.dropout_p, ctx.chunk, ctx.seed = dropout_p, chunk, seed  # type: ignore[attr-defined]
         if out is None:
             out = e_aug[..., :-1].clone()
         return out, e_aug, sum_p_sq
 
     @staticmethod
+    @once_differentiable
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx,
         g_out: Tensor | None,
@@ -108,8 +126,9 @@ class _ChunkedKriging(torch.autograd.Function):
         dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
         chunk: int = ctx.chunk  # type: ignore[attr-defined]
         seed: int = ctx.seed  # type: ignore[attr-defined]
-        t, dh = q.shape[2], q.shape[3]
+        t, dh, dv = q.shape[2], q.shape[3], v.shape[3]
         scale = 1.0 / math.sqrt(dh)
+        kt = _keys(k)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         dq = torch.zeros_like(q)
         dk = torch.zeros_like(k)
@@ -118,12 +137,12 @@ class _ChunkedKriging(torch.autograd.Function):
         dbias = torch.zeros_like(bias) if bias is not None and needs_grad[3] else None
         if g_out is not None and dropout_p == 0:
             # without dropout the output is the estimate: one product serves both
-            g_e = q.new_zeros(*q.shape[:3], dh + 1) if g_e is None else g_e.clone()
+            g_e = q.new_zeros(*q.shape[:3], dv + 1) if g_e is None else g_e.clone()
             g_e[..., :-1] += g_out
             g_out = None
         for index, i0 in enumerate(range(0, t, chunk)):
             i1 = min(t, i0 + chunk)
-            p, has_key = _block(q, k, bias, allowed, i0, i1)
+            p, has_key = _block(q, kt, bias, allowed, i0, i1)
             grad_p: Tensor | None = None
             if g_e is not None:
                 ge = g_e[:, :, i0:i1] * has_key
@@ -146,10 +165,11 @@ class _ChunkedKriging(torch.autograd.Function):
             dk += (ds.transpose(-1, -2) @ q[:, :, i0:i1]) * scale
             if dbias is not None:
                 dbias += ds.sum(-2)
-        dv = dv_aug[..., :-1] + dv_aug[..., -1:] * (2.0 / dh) * v
-        return dq, dk, dv, dbias, None, None, None, None
+        grad_v = dv_aug[..., :-1] + dv_aug[..., -1:] * (2.0 / dv) * v
+        return dq, dk, grad_v, dbias, None, None, None, None
 
 
+@torch.compiler.disable  # the Python block loop and the per-block RNG would break graphs anyway
 def chunked_attention(
     q: Tensor,
     k: Tensor,
@@ -169,7 +189,7 @@ def chunked_attention(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    seed = int(torch.randint(0, 2**62, (1,), device="cpu").item()) if dropout_p > 0 else 0
     out, e_aug, sum_p_sq = _ChunkedKriging.apply(
         q, k, v, bias, allowed, float(dropout_p), int(chunk_size), seed
     )

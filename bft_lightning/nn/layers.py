@@ -201,31 +201,38 @@ class BFTEncoderLayer(nn.Module):
             log_prec = default_log_precision(h, self.groups)
         lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
         attn = self.self_attn
-        # observe: kriging with the keys' precision as a logit bias
-        sigma1 = BF.norm_sigma(h, self.norm1.eps)
-        p_v = BF.delta_rule_matrix(attn.value_weight, self.nhead, self.groups, self.norm1.weight)
-        bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
+        # The precision path runs in float32 also under autocast: lambda spans
+        # e^-20..e^20, beyond float16, and bf16's 8-bit mantissa blurs the gain.
+        fp32 = torch.autocast(h.device.type, enabled=False)
+        with fp32:  # observe: kriging with the keys' precision as a logit bias
+            sigma1 = BF.norm_sigma(BF.upcast(h), self.norm1.eps)
+            p_v = BF.delta_rule_matrix(
+                attn.value_weight, self.nhead, self.groups, self.norm1.weight
+            )
+            bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
         allowed = build_allowed(valid, is_causal, attn_mask)
         z, weights, stats, gate = attn(
             self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention
         )
         assert stats is not None
-        lp_obs, n_eff, has_key = self._observation(stats, gate)
-        # update: the residual as a Kalman update
-        gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
+        with fp32:  # update: the residual as a Kalman update
+            lp_obs, n_eff, has_key = self._observation(stats, gate)
+            gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
+            lp_post = BF.update_log_precision(lp, lp_obs, has_key)
         h = h + BF.expand_groups(gain, self.d_model).to(z.dtype) * self.dropout1(z)
-        lp_post = BF.update_log_precision(lp, lp_obs, has_key)
         # predict: FFN dynamics plus process noise
         f, a = self._ffn(self.norm2(h))
-        m = BF.ffn_jacobian_matrix(
-            self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
-        )
-        jbar = BF.pooled_jacobian(
-            BF.activation_derivative(a, self.activation), m, BF.norm_sigma(h, self.norm2.eps)
-        )
+        with fp32:
+            m = BF.ffn_jacobian_matrix(
+                self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
+            )
+            jbar = BF.pooled_jacobian(
+                BF.activation_derivative(BF.upcast(a), self.activation), m,
+                BF.norm_sigma(BF.upcast(h), self.norm2.eps),
+            )  # fmt: skip
+            q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
+            lp_out = BF.predict_log_precision(lp_post, jbar, q)
         h = h + self.dropout2(f)
-        q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
-        lp_out = BF.predict_log_precision(lp_post, jbar, q)
         if self.training:
             self._update_sill(stats.values, valid)
         if self.record:
@@ -253,6 +260,7 @@ class BFTEncoderLayer(nn.Module):
         p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
         return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
 
+    @torch.no_grad()
     def _update_sill(self, values: Tensor, valid: Tensor) -> None:
         # a new tensor, not an in-place update: this step's graph may still read
         # the old value in its backward (under torch.compile it does)
