@@ -58,8 +58,8 @@ def default_log_precision(h: Tensor, groups: int) -> Tensor:
     Used when a caller passes no precision. Per token, so it is causal and
     padding-invariant; by the delta rule it gives plain softmax attention.
     """
-    var = h.float().var(dim=-1, unbiased=False).clamp_min(1e-12)
-    return (-torch.log(var)).unsqueeze(-1).expand(*h.shape[:2], groups)
+    log_sigma = BF.norm_sigma(h, 0.0).clamp_min(1e-6).log()
+    return (-2.0 * log_sigma).unsqueeze(-1).expand(*h.shape[:2], groups)
 
 
 class BFTEncoderLayer(nn.Module):
