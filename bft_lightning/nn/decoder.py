@@ -352,7 +352,7 @@ class BFTLlamaDecoderLayer(nn.Module):
         lp_obs, n_eff, has_key = FL.observation(stats, self.sill, self.nu0, p_o, gate, self.n_heads)
         # update: the residual as a Kalman update
         gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
-        h = h + BF.expand_groups(gain, self.d_model).to(z.dtype) * self.dropout1(z)
+        h = h + BF.scale_groups(self.dropout1(z), gain)
         lp_post = BF.update_log_precision(lp, lp_obs, has_key)
         # predict: SwiGLU dynamics plus process noise
         f, a, b = self.mlp(norm2(h))

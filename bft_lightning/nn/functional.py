@@ -323,6 +323,16 @@ class _LayerNormSigma(torch.autograd.Function):
         return centred.mul_((grad / (sigma * x.shape[-1])).unsqueeze(-1)), None
 
 
+def scale_groups(x: Tensor, per_group: Tensor) -> Tensor:
+    """``x * per_group`` with (B, T, G) broadcast over each group's ``d / G`` channels.
+
+    A broadcast view, not a repeated copy: autograd keeps only the (B, T, G) factor.
+    """
+    b, t, d = x.shape
+    g = per_group.shape[-1]
+    return (x.reshape(b, t, g, d // g) * per_group.to(x.dtype).unsqueeze(-1)).reshape(b, t, d)
+
+
 def expand_groups(per_group: Tensor, d_model: int) -> Tensor:
     """Broadcast (B, T, G) to (B, T, d) (each group covers ``d / G`` channels)."""
     g = per_group.shape[-1]

@@ -299,7 +299,7 @@ class HSTULayer(nn.Module):
         # update: the single residual as a Kalman update
         y = self.out_proj(self.dropout(self.norm_attn(a) * u))
         gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
-        h = h + BF.expand_groups(gain, d).to(y.dtype) * y
+        h = h + BF.scale_groups(y, gain)
         lp_post = BF.update_log_precision(lp, lp_obs, has_key)
         # predict: no FFN (Jbar = 0), process noise only
         q_noise = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)

@@ -219,7 +219,7 @@ class BFTEncoderLayer(nn.Module):
             lp_obs, n_eff, has_key = self._observation(stats, gate)
             gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
             lp_post = BF.update_log_precision(lp, lp_obs, has_key)
-        h = h + BF.expand_groups(gain, self.d_model).to(z.dtype) * self.dropout1(z)
+        h = h + BF.scale_groups(self.dropout1(z), gain)
         # predict: FFN dynamics plus process noise
         f, a = self._ffn(self.norm2(h))
         with fp32:
