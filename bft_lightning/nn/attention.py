@@ -66,9 +66,6 @@ def is_autocast(x: Tensor) -> bool:
     return torch.is_autocast_enabled(x.device.type)
 
 
-MASKED = -1e30  # finite: a row with no allowed key stays finite and is zeroed after
-
-
 def reference_attention(
     q: Tensor,
     k: Tensor,
