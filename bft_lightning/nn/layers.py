@@ -205,7 +205,7 @@ class BFTEncoderLayer(nn.Module):
         # e^-20..e^20, beyond float16, and bf16's 8-bit mantissa blurs the gain.
         fp32 = torch.autocast(h.device.type, enabled=False)
         with fp32:  # observe: kriging with the keys' precision as a logit bias
-            sigma1 = BF.norm_sigma(BF.upcast(h), self.norm1.eps)
+            sigma1 = BF.norm_sigma(h, self.norm1.eps)  # float32 out
             p_v = BF.delta_rule_matrix(
                 attn.value_weight, self.nhead, self.groups, self.norm1.weight
             )
@@ -227,8 +227,8 @@ class BFTEncoderLayer(nn.Module):
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
             )
             jbar = BF.pooled_jacobian(
-                BF.activation_derivative(BF.upcast(a), self.activation), m,
-                BF.norm_sigma(BF.upcast(h), self.norm2.eps),
+                BF.activation_derivative(a, self.activation), m,  # both upcast inside
+                BF.norm_sigma(h, self.norm2.eps),
             )  # fmt: skip
             q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
             lp_out = BF.predict_log_precision(lp_post, jbar, q)
