@@ -84,7 +84,7 @@ def peak_memory(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: s
 
 def measure(
     shape: tuple[int, int, int, int], reps: int, off_impl: str, on_impl: str, chunk: int,
-    device: str,
+    device: str, compile_: bool = False,
 ) -> dict:  # fmt: skip
     b, t, d, h = shape
     torch.manual_seed(0)
@@ -93,11 +93,15 @@ def measure(
         "on": build(d, h, "on", on_impl, device, chunk),
     }
     models["on"].load_state_dict(models["off"].state_dict(), strict=False)
+    if compile_:  # both twins compiled alike (inductor fuses the filter's elementwise work)
+        torch._dynamo.reset()
+        models = {name: torch.compile(m) for name, m in models.items()}
     x = torch.randn(b, t, d, device=device)
     lengths = torch.randint(t // 4, t + 1, (b,), device=device)
     pad = torch.arange(t, device=device).unsqueeze(0) >= lengths.unsqueeze(1)
-    for m in models.values():  # warm-up
-        step(m, x, pad)
+    for m in models.values():  # warm-up (compiled: the graphs are built in the first calls)
+        for _ in range(3 if compile_ else 1):
+            step(m, x, pad)
     times: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(reps):
         for name, m in models.items():
@@ -118,17 +122,20 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=None, help="B,T,d,H (default: all four)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--compile", action="store_true", help="time both twins under torch.compile")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES
     print(f"device={args.device} threads={torch.get_num_threads()} off_impl={args.off_impl} "
-          f"on_impl={args.on_impl} chunk={args.chunk}")  # fmt: skip
+          f"on_impl={args.on_impl} chunk={args.chunk} compile={args.compile}")  # fmt: skip
     print("| B, T, d, H | params off | params on | ms off | ms on | time on/off | "
           "MB off | MB on | mem on/off |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
-        r = measure(shape, args.reps, args.off_impl, args.on_impl, args.chunk, args.device)
+        r = measure(
+            shape, args.reps, args.off_impl, args.on_impl, args.chunk, args.device, args.compile
+        )
         t, m, n = r["time"], r["mem"], r["params"]
         print(
             f"| {shape} | {n['off']:,} | {n['on']:,} | {1e3 * t['off']:.1f} | {1e3 * t['on']:.1f} "

@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,14 @@ VARIANTS = {
     "on_mlp": ("on", ["--model.init_args.backbone.init_args.prior=mlp"]),
     "on_head": ("on", ["--model.init_args.backbone.init_args.head=precision"]),
     "gate": ("off", ["--model.init_args.backbone.init_args.attention_gate=sigmoid"]),
+    # routes on top of the default (frequency) prior
+    "on_g64": (
+        "on",
+        ["--model.init_args.backbone.init_args.groups=64"],
+    ),  # per-channel groups at d = 64
+    "on_q01": ("on", ["--model.init_args.backbone.init_args.q_init=0.1"]),
+    "on_nu0_10": ("on", ["--model.init_args.backbone.init_args.nu0=10"]),
+    "on_tau_lr10": ("on", ["--model.init_args.prior_lr_scale=10"]),
 }
 
 
@@ -80,6 +89,8 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
             f"--trainer.logger.init_args.save_dir={out}", "--trainer.logger.init_args.name=tb",
             "--trainer.logger.init_args.version=0",
             f"--data.init_args.data_root={args.data_root}", *extra, *args.override]  # fmt: skip
+    if args.accelerator:
+        argv.append(f"--trainer.accelerator={args.accelerator}")
     cli = cli_main(argv, run=False)
     timer = EpochTimer()
     cli.trainer.callbacks.append(timer)
@@ -103,11 +114,19 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
         "epochs": json.loads(fit_done.read_text()).get("epochs"),
         "sec_per_epoch": float(np.median(timer.times)) if timer.times else None,
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
+        "command": args.command, "hardware": _hardware(cli.trainer),
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
     lock.unlink(missing_ok=True)
     return summary
+
+
+def _hardware(trainer: L.Trainer) -> str:
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu, {torch.get_num_threads()} threads"
 
 
 def _alive(pid: int) -> bool:
@@ -190,8 +209,9 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             continue
         hr, nd = _per_user(runs, variant, have)
         hr0, nd0 = _per_user(runs, "off", have)
-        row = {"dataset": args.dataset, "backbone": args.backbone, "variant": variant,
-               "seeds": have, "hr10": float(hr.mean()), "ndcg10": float(nd.mean())}  # fmt: skip
+        row = {"dataset": args.dataset, "backbone": args.backbone, "tag": args.tag,
+               "variant": variant, "seeds": have, "hr10": float(hr.mean()),
+               "ndcg10": float(nd.mean())}  # fmt: skip
         for q in range(4):
             m = strata == q
             row[f"hr10_q{q}"], row[f"ndcg10_q{q}"] = float(hr[m].mean()), float(nd[m].mean())
@@ -221,14 +241,20 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             for q in range(4)
         ]
         row["tau"] = summaries[0]["tau"]
+        row["commands"] = sorted({s["command"] for s in summaries if "command" in s})
+        row["hardware"] = sorted({s["hardware"] for s in summaries if "hardware" in s})
         rows.append(row)
     return rows
 
 
 def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> None:
-    cmd = "OMP_WAIT_POLICY=PASSIVE python bench/reproduce_rec.py " + " ".join(args.argv)
-    lines = [f"# {args.backbone} on {args.dataset}: precision off vs on", "",
-             f"Command: `{cmd}`", "",
+    commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
+    hardware = sorted({h for r in rows for h in r.get("hardware", [])})
+    title = f"{args.backbone} on {args.dataset}" + (f" ({args.tag})" if args.tag else "")
+    lines = [f"# {title}: precision off vs on", "",
+             "Command" + ("s" if len(commands) > 1 else "") + ": "
+             + ", ".join(f"`{c}`" for c in commands), "",
+             *([f"Hardware: {', '.join(hardware)}.", ""] if hardware else []),
              "Full ranking over all items, leave-one-out, no history masking; best-validation "
              "(NDCG@10) checkpoint; per-user metrics averaged over the seeds listed, then the "
              "paired difference to the off twin over the same test users (± paired SE). "
@@ -308,24 +334,82 @@ def main() -> None:
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--runs-dir", default=str(ROOT / "logs" / "reproduce"))
     p.add_argument("--results-dir", default=str(ROOT / "results" / "rec"))
-    p.add_argument("--override", nargs="*", default=[], help="extra CLI arguments for every run")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="an extra CLI argument for every run, as --override=--trainer.x=1 (repeatable)",
+    )
     p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
-    import sys
+    p.add_argument("--accelerator", default=None, help="override the config's (cpu, gpu, auto)")
+    p.add_argument(
+        "--jobs", type=int, default=1,
+        help="train this many (variant, seed) runs at once, each in its own process "
+        "(several small models share one GPU well; on a CPU keep 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tag", default="",
+        help="name of a setting (e.g. the overrides used); runs and tables go to "
+        "<dataset>_<backbone>_<tag>",
+    )  # fmt: skip
+    p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # VARIANT:SEED, for --jobs
 
     args = p.parse_args()
-    args.argv = sys.argv[1:]
+    argv = [a for a in sys.argv[1:] if a != "--only" and not a.startswith("--only=")]
+    if args.only:
+        argv = [a for a in argv if a != args.only]
+    args.command = "OMP_WAIT_POLICY=PASSIVE python bench/reproduce_rec.py " + " ".join(argv)
     if "off" not in args.variants:
         args.variants.insert(0, "off")
-    base = Path(args.runs_dir) / f"{args.dataset}_{args.backbone}"
+    base = Path(args.runs_dir) / _stem(args)
+    if args.only:  # one run, no report (a child of --jobs)
+        variant, seed = args.only.rsplit(":", 1)
+        out = base / f"{variant}_s{seed}"
+        out.mkdir(parents=True, exist_ok=True)
+        run_one(args, variant, int(seed), out)
+        return
     if args.report_only:
         report(args, load_runs(base, list(VARIANTS)))
         return
-    for seed in args.seeds:
-        for variant in args.variants:
-            out = base / f"{variant}_s{seed}"
-            out.mkdir(parents=True, exist_ok=True)
-            run_one(args, variant, seed, out)
-            report(args, load_runs(base, list(VARIANTS)))
+    todo = [(v, s) for s in args.seeds for v in args.variants]
+    if args.jobs > 1:
+        failed = _run_parallel(todo, args.jobs, argv)
+        report(args, load_runs(base, list(VARIANTS)))
+        if failed:
+            raise SystemExit(f"runs failed: {failed}")
+        return
+    for variant, seed in todo:
+        out = base / f"{variant}_s{seed}"
+        out.mkdir(parents=True, exist_ok=True)
+        run_one(args, variant, seed, out)
+        report(args, load_runs(base, list(VARIANTS)))
+
+
+def _stem(args: argparse.Namespace) -> str:
+    return f"{args.dataset}_{args.backbone}" + (f"_{args.tag}" if args.tag else "")
+
+
+def _run_parallel(todo: list[tuple[str, int]], jobs: int, argv: list[str]) -> list[str]:
+    """Each (variant, seed) in a child process, at most ``jobs`` at a time."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    pending = [f"{v}:{s}" for v, s in todo]
+    running: dict[str, subprocess.Popen] = {}
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            key = pending.pop(0)
+            cmd = [sys.executable, __file__, *argv, "--only", key]
+            running[key] = subprocess.Popen(cmd, env=env)
+        time.sleep(2)
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                if proc.returncode != 0:
+                    failed.append(key)
+                print(f"run {key} finished with exit code {proc.returncode}", flush=True)
+    return failed
 
 
 def load_runs(base: Path, variants: list[str]) -> dict:
@@ -351,15 +435,15 @@ def report(args: argparse.Namespace, runs: dict) -> None:
     rows = summarise(args, runs, seeds, Path(args.results_dir))
     res = Path(args.results_dir)
     res.mkdir(parents=True, exist_ok=True)
-    stem = res / f"{args.dataset}_{args.backbone}"
+    stem = res / _stem(args)
     write_markdown(args, rows, stem.with_suffix(".md"))
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    plot(rows, stem.with_suffix(".png"), f"{args.backbone} on {args.dataset}")
+    plot(rows, stem.with_suffix(".png"), stem.name.replace("_", " "))
     write_summary(res)
 
 
 SUMMARY_KEYS = (
-    "dataset", "backbone", "variant", "seeds", "hr10", "ndcg10", "paired_delta_hr10",
+    "dataset", "backbone", "tag", "variant", "seeds", "hr10", "ndcg10", "paired_delta_hr10",
     "paired_se_hr10", "paired_delta_hr10_q0", "paired_se_hr10_q0", "paired_delta_ndcg10",
     "paired_se_ndcg10", "paired_delta_hr10_cold", "paired_se_hr10_cold",
 )  # fmt: skip

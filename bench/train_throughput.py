@@ -43,14 +43,22 @@ class StepTimer(L.Callback):
         self._start = 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        _sync(pl_module)
         self._start = time.perf_counter()
         if self._end is not None and batch_idx > self.warmup:
             self.wait.append(self._start - self._end)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        _sync(pl_module)
         self._end = time.perf_counter()
         if batch_idx >= self.warmup:
             self.step.append(self._end - self._start)
+
+
+def _sync(module: torch.nn.Module) -> None:
+    """Wait for queued GPU work, so that a step's time is its own."""
+    if module.device.type == "cuda":
+        torch.cuda.synchronize(module.device)
 
 
 def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namespace) -> dict:
@@ -63,6 +71,8 @@ def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namesp
         f"--trainer.default_root_dir={ROOT / 'logs' / 'throughput'}",
         f"--data.init_args.data_root={args.data_root}", f"--model.init_args.compile={compile_}",
     ]  # fmt: skip
+    if args.accelerator:
+        argv.append(f"--trainer.accelerator={args.accelerator}")
     cli = cli_main(argv, run=False)
     timer = StepTimer(args.warmup)
     cli.trainer.callbacks.append(timer)
@@ -91,6 +101,7 @@ def main() -> None:
         help="runs of each configuration, mirrored order; fastest counts",
     )
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--accelerator", default=None, help="override the config's (cpu, gpu)")
     p.add_argument("--out", default=str(ROOT / "results" / "perf" / "train_throughput.md"))
     args = p.parse_args()
     configs = [
@@ -126,11 +137,15 @@ def main() -> None:
         f"--backbones {' '.join(args.backbones)}".split()
         + [f"--steps {args.steps}", f"--warmup {args.warmup}", f"--repeats {args.repeats}"]
         + (["--compile"] if args.compile else [])
+        + ([f"--accelerator {args.accelerator}"] if args.accelerator else [])
     )
+    machine = f"{torch.get_num_threads()} threads"
+    if args.accelerator == "gpu" and torch.cuda.is_available():
+        machine = f"{torch.cuda.get_device_name()} ({machine} on the host)"
     Path(args.out).write_text(
         "# Training throughput on Amazon Beauty\n\n"
         f"Command: `{cmd}`\n\n"
-        f"Machine: {torch.get_num_threads()} threads, torch {torch.__version__}. Median step time "
+        f"Machine: {machine}, torch {torch.__version__}. Median step time "
         "over the timed steps; s/epoch = batches per epoch x (step + data wait); each "
         f"configuration ran {args.repeats} times in mirrored order and the fastest run counts.\n\n"
         f"{table}\n"

@@ -42,6 +42,8 @@ class SequentialRecommender(nn.Module):
         prior_scale: ``c``; None matches the input scale, ``1 / mean Var(h0)``.
         prior_width: 1 (one tau per item) or ``G``.
         q_init: initial process noise ``Q0``.
+        nu0: prior degrees of freedom of the REML sill (weight of the running sill
+            against a token's own spread in the observation variance).
         attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
         head: ``"dot"`` (item dot product) or ``"precision"`` (the final
             precision sets a per-user temperature of the scores, so the last
@@ -72,6 +74,7 @@ class SequentialRecommender(nn.Module):
         prior_scale: float | None = None,
         prior_width: int = 1,
         q_init: float = 0.01,
+        nu0: float = 1.0,
         attention_gate: str | None = None,
         head: str = "dot",
         attention_impl: str = "chunked",
@@ -91,8 +94,9 @@ class SequentialRecommender(nn.Module):
         self.emb_dropout = nn.Dropout(dropout)
         layer_opts = dict(
             d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-            precision=precision, groups=groups, q_init=q_init, attention_gate=attention_gate,
-            attention_impl=attention_impl, attention_chunk=attention_chunk,
+            precision=precision, groups=groups, q_init=q_init, nu0=nu0,
+            attention_gate=attention_gate, attention_impl=attention_impl,
+            attention_chunk=attention_chunk,
         )  # fmt: skip
         self.encoder = self.build_encoder(layer_opts, num_layers)
         self.final_norm = nn.LayerNorm(d_model)

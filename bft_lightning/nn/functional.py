@@ -285,6 +285,12 @@ def activation_derivative(a: Tensor, activation: str) -> Tensor:
     if activation == "relu":
         return (a.detach() > 0).to(a.dtype)
     if activation == "gelu":
+        if torch.compiler.is_compiling():
+            # traced: plain ops, which inductor fuses; the hand-written backward (in
+            # place, for eager speed) came back as zeros from inductor on CUDA
+            # (torch 2.11, H200), see norm_sigma
+            af = upcast(a)
+            return torch.special.ndtr(af) + af * torch.exp(-0.5 * af.square()) * _INV_SQRT_2PI
         return _GeluDerivative.apply(a)
     raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
 
@@ -297,6 +303,12 @@ def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:
     x = upcast(x)
     if rms:
         return torch.sqrt(x.square().mean(dim=-1) + eps)
+    if torch.compiler.is_compiling():
+        # under torch.compile the plain formula, differentiated by autograd: inductor
+        # on CUDA (torch 2.11, H200) returned zero gradients through the hand-written
+        # Function below while the forward was exact; CPU inductor was right
+        centred = x - x.mean(dim=-1, keepdim=True)
+        return torch.sqrt(centred.square().mean(dim=-1) + eps)
     return _LayerNormSigma.apply(x, eps)
 
 

@@ -98,7 +98,7 @@ def observation(
     sigma2 = BF.reml_variance(spread, n_eff, sill, nu0)
     if gate is not None:
         b, t, _ = gate.shape
-        g2 = gate.float().square().view(b, t, heads, -1).mean(-1)  # (B, T, H)
+        g2 = BF.upcast(gate).square().view(b, t, heads, -1).mean(-1)  # (B, T, H)
         sigma2 = sigma2 * g2.transpose(1, 2)
     return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
 
@@ -127,6 +127,10 @@ class _SiluDerivative(torch.autograd.Function):
 
 def silu_derivative(a: Tensor) -> Tensor:
     """``silu'(a) = s(a) (1 + a (1 - s(a)))``, ``s`` the logistic sigmoid (float32 or wider)."""
+    if torch.compiler.is_compiling():  # traced: plain ops (see BF.norm_sigma)
+        af = BF.upcast(a)
+        s = torch.sigmoid(af)
+        return s * (1.0 + af * (1.0 - s))
     return _SiluDerivative.apply(a)
 
 

@@ -277,8 +277,8 @@ class HSTULayer(nn.Module):
             dsilu = silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
             s2_v = (BF.delta_rule(s2_h, p_v) * dsilu.square()).view(b, t, self.nhead, -1).mean(-1)
             log_lbar = -torch.log(s2_v.clamp_min(TINY)).transpose(1, 2)  # (B, H, T)
-            v32 = v.float()
-            w = self._weights(q.float(), k.float(), rab.float(), allowed)
+            v32 = BF.upcast(v)
+            w = self._weights(BF.upcast(q), BF.upcast(k), BF.upcast(rab), allowed)
             w = w * relative_reliability(log_lbar, allowed)  # (B, H, T, T)
             e = w @ v32  # (B, H, T, dv)
             # sandwich variance of e: one pass with weights w^2 over [1, v, ||v||^2 / dv]
@@ -292,7 +292,7 @@ class HSTULayer(nn.Module):
             # through LN(A), the U gate and f2 by the delta rule
             a = e.transpose(1, 2).reshape(b, t, hv)  # (B, T, H dv)
             s2_n = var_e.transpose(1, 2) / BF.norm_sigma(a, self.norm_attn.eps).square()[..., None]
-            s2_o = s2_n.repeat_interleave(self.dv, dim=-1) * u.float().square()  # (B, T, H dv)
+            s2_o = s2_n.repeat_interleave(self.dv, dim=-1) * BF.upcast(u).square()  # (B, T, H dv)
             p_o = BF.delta_rule_matrix(self.out_proj.weight, self.groups, hv)  # (G, H dv)
             s2_y = BF.delta_rule(s2_o, p_o)  # (B, T, G)
             lp_obs = (-torch.log(s2_y.clamp_min(TINY))).clamp(BF.LOG_PREC_MIN, BF.LOG_PREC_MAX)

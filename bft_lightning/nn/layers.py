@@ -255,7 +255,7 @@ class BFTEncoderLayer(nn.Module):
         sigma2 = BF.reml_variance(spread, n_eff, self.sill, self.nu0)
         if gate is not None:  # the gate scales each head's output: variance times gate^2
             b, t, _ = gate.shape
-            g2 = gate.float().square().view(b, t, self.nhead, -1).mean(-1)  # (B, T, H)
+            g2 = BF.upcast(gate).square().view(b, t, self.nhead, -1).mean(-1)  # (B, T, H)
             sigma2 = sigma2 * g2.transpose(1, 2)
         p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
         return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN
+from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN, upcast
 
 PRIOR_INITS = ("constant", "frequency", "frequency_shuffled")
 
@@ -78,7 +78,7 @@ class PrecisionPrior(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         """ids: (B, T) -> log tau (B, T, width), ``-inf`` at the padding id."""
-        log_tau = self.log_tau(ids).float().clamp(LOG_PREC_MIN, LOG_PREC_MAX)
+        log_tau = upcast(self.log_tau(ids)).clamp(LOG_PREC_MIN, LOG_PREC_MAX)
         if self.padding_idx is not None:
             log_tau = log_tau.masked_fill((ids == self.padding_idx).unsqueeze(-1), float("-inf"))
         return log_tau
@@ -103,5 +103,5 @@ class MLPPrecisionPrior(nn.Module):
 
     def forward(self, embedding: Tensor, valid: Tensor) -> Tensor:
         """embedding: (B, T, d); valid: (B, T) bool -> (B, T, width), -inf where not valid."""
-        log_tau = (self.log_c + self.mlp(embedding).float()).clamp(LOG_PREC_MIN, LOG_PREC_MAX)
+        log_tau = (self.log_c + upcast(self.mlp(embedding))).clamp(LOG_PREC_MIN, LOG_PREC_MAX)
         return log_tau.masked_fill(~valid.unsqueeze(-1), float("-inf"))

@@ -149,3 +149,31 @@ def test_gelu_derivative_matches_autograd_and_gradchecks() -> None:
     (auto,) = torch.autograd.grad(torch.nn.functional.gelu(a).sum(), a, create_graph=True)
     torch.testing.assert_close(BF.activation_derivative(a, "gelu"), auto)
     assert torch.autograd.gradcheck(lambda x: BF.activation_derivative(x, "gelu"), (a,))
+
+
+def test_traced_formulas_equal_the_hand_written_functions(monkeypatch) -> None:
+    """Under torch.compile the filter's pieces run as plain ops (inductor on CUDA gave
+    zero gradients through the hand-written Functions); both give the same values and
+    gradients."""
+    from bft_lightning.nn.functional_llama import silu_derivative
+
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    pieces = {
+        "norm_sigma": lambda t: BF.norm_sigma(t, 1e-5),
+        "gelu'": lambda t: BF.activation_derivative(t, "gelu"),
+        "silu'": silu_derivative,
+    }
+    w = torch.randn_like(x[..., 0])
+    for name, fn in pieces.items():
+        results = []
+        for traced in (False, True):
+            monkeypatch.setattr(torch.compiler, "is_compiling", lambda traced=traced: traced)
+            leaf = x.clone().requires_grad_()
+            out = fn(leaf)
+            weight = w if out.dim() == 2 else w.unsqueeze(-1)
+            (grad,) = torch.autograd.grad((out * weight).sum(), leaf)
+            results.append((out.detach(), grad, out.grad_fn.name()))
+        (v0, g0, f0), (v1, g1, f1) = results
+        assert f0 != f1, (name, f0)  # the two paths really differ
+        torch.testing.assert_close(v1, v0, msg=name)
+        torch.testing.assert_close(g1, g0, msg=name)
