@@ -40,6 +40,7 @@ from bft_lightning.metrics.strata import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+COMMAND_ENV = "BFT_REPRODUCE_COMMAND"  # the parent's command, for the children of --jobs
 VARIANTS = {
     "off": ("off", []),
     "on_constant": ("on", ["--model.init_args.backbone.init_args.prior_init=constant"]),
@@ -114,7 +115,7 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
         "epochs": json.loads(fit_done.read_text()).get("epochs"),
         "sec_per_epoch": float(np.median(timer.times)) if timer.times else None,
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
-        "command": args.command, "hardware": _hardware(cli.trainer),
+        "command": args.command, "hardware": _hardware(cli.trainer), "jobs": args.jobs,
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
@@ -250,11 +251,15 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
 def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> None:
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
+    shared = [c for c in commands if "--jobs" in c and "--jobs 1 " not in c + " "]
     title = f"{args.backbone} on {args.dataset}" + (f" ({args.tag})" if args.tag else "")
     lines = [f"# {title}: precision off vs on", "",
              "Command" + ("s" if len(commands) > 1 else "") + ": "
              + ", ".join(f"`{c}`" for c in commands), "",
              *([f"Hardware: {', '.join(hardware)}.", ""] if hardware else []),
+             *(["s/epoch of runs trained with `--jobs N` were measured with up to N runs "
+                "sharing the device (and other commands' runs beside them), so they compare "
+                "variants within a table, not machines.", ""] if shared else []),
              "Full ranking over all items, leave-one-out, no history masking; best-validation "
              "(NDCG@10) checkpoint; per-user metrics averaged over the seeds listed, then the "
              "paired difference to the off twin over the same test users (± paired SE). "
@@ -358,7 +363,14 @@ def main() -> None:
     argv = [a for a in sys.argv[1:] if a != "--only" and not a.startswith("--only=")]
     if args.only:
         argv = [a for a in argv if a != args.only]
-    args.command = "OMP_WAIT_POLICY=PASSIVE python bench/reproduce_rec.py " + " ".join(argv)
+    # the command as the user typed it (a child of --jobs inherits its parent's)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    args.command = os.environ.get(COMMAND_ENV) or (
+        "OMP_WAIT_POLICY=PASSIVE "
+        + (f"OMP_NUM_THREADS={threads} " if threads else "")
+        + "python bench/reproduce_rec.py "
+        + " ".join(argv)
+    )
     if "off" not in args.variants:
         args.variants.insert(0, "off")
     base = Path(args.runs_dir) / _stem(args)
@@ -373,10 +385,12 @@ def main() -> None:
         return
     todo = [(v, s) for s in args.seeds for v in args.variants]
     if args.jobs > 1:
-        failed = _run_parallel(todo, args.jobs, argv)
-        report(args, load_runs(base, list(VARIANTS)))
+        failed = _run_parallel(todo, args.jobs, argv, args.command)
+        runs = load_runs(base, list(VARIANTS))
+        if runs:
+            report(args, runs)
         if failed:
-            raise SystemExit(f"runs failed: {failed}")
+            raise SystemExit(f"runs failed (their logs are above): {failed}")
         return
     for variant, seed in todo:
         out = base / f"{variant}_s{seed}"
@@ -389,26 +403,39 @@ def _stem(args: argparse.Namespace) -> str:
     return f"{args.dataset}_{args.backbone}" + (f"_{args.tag}" if args.tag else "")
 
 
-def _run_parallel(todo: list[tuple[str, int]], jobs: int, argv: list[str]) -> list[str]:
-    """Each (variant, seed) in a child process, at most ``jobs`` at a time."""
+def _run_parallel(
+    todo: list[tuple[str, int]], jobs: int, argv: list[str], command: str
+) -> list[str]:
+    """Each (variant, seed) in a child process, at most ``jobs`` at a time.
+
+    Children get one OpenMP thread unless ``OMP_NUM_THREADS`` says otherwise;
+    if this process stops (Ctrl-C, an error), its children are stopped too.
+    """
     import subprocess
 
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env[COMMAND_ENV] = command
     pending = [f"{v}:{s}" for v, s in todo]
     running: dict[str, subprocess.Popen] = {}
     failed = []
-    while pending or running:
-        while pending and len(running) < jobs:
-            key = pending.pop(0)
-            cmd = [sys.executable, __file__, *argv, "--only", key]
-            running[key] = subprocess.Popen(cmd, env=env)
-        time.sleep(2)
-        for key, proc in list(running.items()):
-            if proc.poll() is not None:
-                del running[key]
-                if proc.returncode != 0:
-                    failed.append(key)
-                print(f"run {key} finished with exit code {proc.returncode}", flush=True)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                key = pending.pop(0)
+                cmd = [sys.executable, __file__, *argv, "--only", key]
+                running[key] = subprocess.Popen(cmd, env=env)
+            time.sleep(2)
+            for key, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[key]
+                    if proc.returncode != 0:
+                        failed.append(key)
+                    print(f"run {key} finished with exit code {proc.returncode}", flush=True)
+    finally:
+        for proc in running.values():
+            proc.terminate()
+        for proc in running.values():
+            proc.wait()
     return failed
 
 

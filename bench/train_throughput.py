@@ -30,6 +30,7 @@ import torch
 from bft_lightning.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "results" / "perf" / "train_throughput.md"
 
 
 class StepTimer(L.Callback):
@@ -85,7 +86,15 @@ def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namesp
         "backbone": backbone, "precision": precision, "compile": compile_,
         "seq_per_s": batch_size / (step + wait), "sec_per_epoch": batches * (step + wait),
         "wait_share": wait / (step + wait), "step_ms": 1e3 * step,
+        "hardware": _hardware(cli.trainer.strategy.root_device),
     }  # fmt: skip
+
+
+def _hardware(device: torch.device) -> str:
+    threads = f"{torch.get_num_threads()} threads"
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({threads} on the host)"
+    return threads
 
 
 def main() -> None:
@@ -102,7 +111,7 @@ def main() -> None:
     )
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--accelerator", default=None, help="override the config's (cpu, gpu)")
-    p.add_argument("--out", default=str(ROOT / "results" / "perf" / "train_throughput.md"))
+    p.add_argument("--out", default=str(DEFAULT_OUT))
     args = p.parse_args()
     configs = [
         (backbone, precision, compile_)
@@ -138,10 +147,9 @@ def main() -> None:
         + [f"--steps {args.steps}", f"--warmup {args.warmup}", f"--repeats {args.repeats}"]
         + (["--compile"] if args.compile else [])
         + ([f"--accelerator {args.accelerator}"] if args.accelerator else [])
+        + ([f"--out {args.out}"] if Path(args.out).resolve() != DEFAULT_OUT else [])
     )
-    machine = f"{torch.get_num_threads()} threads"
-    if args.accelerator == "gpu" and torch.cuda.is_available():
-        machine = f"{torch.cuda.get_device_name()} ({machine} on the host)"
+    machine = ", ".join(sorted({r["hardware"] for r in rows}))
     Path(args.out).write_text(
         "# Training throughput on Amazon Beauty\n\n"
         f"Command: `{cmd}`\n\n"

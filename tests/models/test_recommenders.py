@@ -132,12 +132,17 @@ def test_filter_options_reach_every_layer(cls) -> None:
     """q_init, nu0 and groups given to a recommender set every BFT layer, and change it."""
     torch.manual_seed(0)
     model = cls(30, max_len=8, d_model=16, nhead=2, num_layers=2, precision="on",
-                q_init=0.1, nu0=7.0, groups=16)  # fmt: skip
+                q_init=0.1, nu0=7.0, groups=16).eval()  # fmt: skip
     for layer in model.encoder.layers:
         assert layer.nu0 == 7.0
         assert layer.groups == 16
         torch.testing.assert_close(F.softplus(layer.rho.detach()), torch.full((16,), 0.1))
     ids = torch.randint(1, 31, (3, 8))
     base = cls(30, max_len=8, d_model=16, nhead=2, num_layers=2, precision="on", groups=16)
-    base.load_state_dict(model.state_dict())  # same weights; Q0 is a parameter, nu0 not
-    assert not torch.allclose(base.encode(ids)[0], model.encode(ids)[0])
+    base.load_state_dict(model.state_dict())  # same weights (Q0 is a parameter); nu0 = 1
+    base.eval()
+    same = cls(30, max_len=8, d_model=16, nhead=2, num_layers=2, precision="on", groups=16,
+               nu0=7.0).eval()  # fmt: skip
+    same.load_state_dict(model.state_dict())
+    torch.testing.assert_close(same.encode(ids)[0], model.encode(ids)[0])  # deterministic
+    assert not torch.allclose(base.encode(ids)[0], model.encode(ids)[0])  # nu0 matters
