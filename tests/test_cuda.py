@@ -130,10 +130,9 @@ def test_autocast_on_cuda_is_finite_and_close(backbone, dtype):
 
 
 @pytest.mark.parametrize("backbone", sorted(MODELS))
-def test_compiled_model_on_cuda_matches_eager(backbone):
+def test_compiled_model_on_cuda_matches_eager(backbone, compiled_matches_eager):
     """Inductor on CUDA once gave zero gradients through the filter's hand-written
     autograd Functions; under compile the filter now uses plain formulas."""
-    torch._dynamo.reset()
     torch.manual_seed(0)
     kw = {} if backbone == "hstu" else {"attention_chunk": 8}
     model = MODELS[backbone](
@@ -148,17 +147,7 @@ def test_compiled_model_on_cuda_matches_eager(backbone):
         logits = m.score(hidden[:, -1], log_prec[:, -1])
         return torch.nn.functional.cross_entropy(logits, x[:, -1])
 
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    eager = loss(model, ids)
-    eager_grads = torch.autograd.grad(eager, list(model.parameters()), allow_unused=True)
-    model.load_state_dict(state)
-    compiled = torch.compile(loss)(model, ids)
-    grads = torch.autograd.grad(compiled, list(model.parameters()), allow_unused=True)
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
-    for g, e in zip(grads, eager_grads, strict=True):
-        assert (g is None) == (e is None)
-        if g is not None:
-            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    compiled_matches_eager(model, ids, loss)
 
 
 @pytest.mark.parametrize("precision", ["off", "on"])
