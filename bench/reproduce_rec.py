@@ -244,6 +244,7 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
         row["tau"] = summaries[0]["tau"]
         row["commands"] = sorted({s["command"] for s in summaries if "command" in s})
         row["hardware"] = sorted({s["hardware"] for s in summaries if "hardware" in s})
+        row["jobs"] = max(s.get("jobs", 1) for s in summaries)
         rows.append(row)
     return rows
 
@@ -251,7 +252,7 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
 def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> None:
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
-    shared = [c for c in commands if "--jobs" in c and "--jobs 1 " not in c + " "]
+    shared = any(r.get("jobs", 1) > 1 for r in rows)
     title = f"{args.backbone} on {args.dataset}" + (f" ({args.tag})" if args.tag else "")
     lines = [f"# {title}: precision off vs on", "",
              "Command" + ("s" if len(commands) > 1 else "") + ": "
@@ -360,9 +361,7 @@ def main() -> None:
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # VARIANT:SEED, for --jobs
 
     args = p.parse_args()
-    argv = [a for a in sys.argv[1:] if a != "--only" and not a.startswith("--only=")]
-    if args.only:
-        argv = [a for a in argv if a != args.only]
+    argv = sys.argv[1:]
     # the command as the user typed it (a child of --jobs inherits its parent's)
     threads = os.environ.get("OMP_NUM_THREADS")
     args.command = os.environ.get(COMMAND_ENV) or (
