@@ -46,6 +46,7 @@ VARIANTS = {
     "on_constant": ("on", ["--model.init_args.backbone.init_args.prior_init=constant"]),
     "on_frequency": ("on", ["--model.init_args.backbone.init_args.prior_init=frequency"]),
     "on_shuffled": ("on", ["--model.init_args.backbone.init_args.prior_init=frequency_shuffled"]),
+    "on_inverse": ("on", ["--model.init_args.backbone.init_args.prior_init=frequency_inverse"]),
     "on_mlp": ("on", ["--model.init_args.backbone.init_args.prior=mlp"]),
     "on_head": ("on", ["--model.init_args.backbone.init_args.head=precision"]),
     "gate": ("off", ["--model.init_args.backbone.init_args.attention_gate=sigmoid"]),

@@ -37,8 +37,8 @@ class SequentialRecommender(nn.Module):
         precision: ``"on"`` (BFT) or ``"off"`` (the plain backbone).
         groups: precision groups ``G`` (divisor of ``d``); None means ``nhead``.
         prior: layer-0 precision prior, ``"table"`` (per item) or ``"mlp"``.
-        prior_init: ``"constant"``, ``"frequency"`` or ``"frequency_shuffled"``
-            (a control; table prior only).
+        prior_init: ``"constant"``, ``"frequency"``, or the controls
+            ``"frequency_shuffled"`` and ``"frequency_inverse"`` (table prior only).
         prior_scale: ``c``; None matches the input scale, ``1 / mean Var(h0)``.
         prior_width: 1 (one tau per item) or ``G``.
         q_init: initial process noise ``Q0``.

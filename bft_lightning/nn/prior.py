@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN, upcast
 
-PRIOR_INITS = ("constant", "frequency", "frequency_shuffled")
+PRIOR_INITS = ("constant", "frequency", "frequency_shuffled", "frequency_inverse")
 
 
 def frequency_log_prior(counts: Tensor, log_c: float) -> Tensor:
@@ -37,7 +37,11 @@ class PrecisionPrior(nn.Module):
         init: ``"constant"`` (``log tau = log c``), ``"frequency"`` or
             ``"frequency_shuffled"`` (a control: the frequency init's values
             permuted across ids by a fixed permutation, so the spread of tau is
-            the same but no longer tells rare ids from frequent ones).
+            the same but no longer tells rare ids from frequent ones) or
+            ``"frequency_inverse"`` (the frequency init mirrored about its mean,
+            ``log tau_i = 2 log c - log tau_i^freq``: rare ids start with the
+            *highest* precision, the pattern the paper reports its model learns
+            for rare items: high prior precision, low Kalman gain).
         scale: ``c``; match it to the input scale, ``1 / mean Var(h0)``.
         counts: (num_embeddings,) id frequencies, needed for ``"frequency"``.
         padding_idx: the id whose precision is 0, or None.
@@ -71,7 +75,9 @@ class PrecisionPrior(nn.Module):
             if counts is None or len(counts) != self.log_tau.num_embeddings:
                 raise ValueError("init='frequency' needs counts of length num_embeddings")
             per_id = frequency_log_prior(torch.as_tensor(counts), log_c)
-            if init == "frequency_shuffled":
+            if init == "frequency_inverse":
+                per_id = 2.0 * log_c - per_id
+            elif init == "frequency_shuffled":
                 perm = torch.randperm(len(per_id) - 1, generator=torch.Generator().manual_seed(0))
                 per_id = torch.cat([per_id[:1], per_id[1:][perm]])
             self.log_tau.weight.copy_(per_id.unsqueeze(1).expand_as(self.log_tau.weight))

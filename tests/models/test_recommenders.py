@@ -101,6 +101,21 @@ def test_frequency_prior_init_orders_tau_by_count() -> None:
     assert abs(log_tau.mean().item() - torch.log(torch.tensor(model.input_scale())).item()) < 1e-3
 
 
+def test_inverse_frequency_control_mirrors_the_frequency_init() -> None:
+    freq = torch.arange(N + 1) ** 2
+    tables = {}
+    for init in ("frequency", "frequency_inverse"):
+        torch.manual_seed(0)  # the same weights, so the same input scale c
+        model = SASRec(N, max_len=L, precision="on", prior_init=init)
+        model.init_prior_from_frequency(freq)
+        tables[init] = model.prior.log_tau.weight[1:, 0].clone()
+    ordered, inverse = tables["frequency"], tables["frequency_inverse"]
+    assert (inverse.diff() < 0).all()  # the rarest id has the highest precision
+    # mirrored about the shared mean log c: same spread, same input scale
+    torch.testing.assert_close(inverse - inverse.mean(), -(ordered - ordered.mean()))
+    torch.testing.assert_close(inverse.mean(), ordered.mean())
+
+
 def test_shuffled_frequency_control_keeps_values_not_order() -> None:
     freq = torch.arange(N + 1) ** 2
     tables = {}
