@@ -13,6 +13,7 @@ from bft_lightning.metrics.ranking import (
     summarise_ranks,
     target_ranks,
     topk_metrics,
+    topk_rows,
     torch_topk_chunked,
 )
 from bft_lightning.metrics.report import compare_table, read_metrics, strata_table, write_report
@@ -44,6 +45,7 @@ __all__ = [
     "summarise_ranks",
     "target_ranks",
     "topk_metrics",
+    "topk_rows",
     "torch_topk_chunked",
     "write_report",
 ]

@@ -66,6 +66,8 @@ from bft_lightning.metrics.strata import (
 )
 
 DEFAULT_KS: tuple[int, ...] = (1, 5, 10, 20)
+RANK_BLOCK = 4096  # columns compared at a time by ``target_ranks``
+TOPK_GROUP = 64  # columns per group of the group-max prefilter of ``topk_rows``
 
 
 # ----------------------------------------------------------------------------- ranks
@@ -74,7 +76,8 @@ def _check_rank_inputs(scores: Tensor, target: Tensor, exclude: Tensor | None) -
         raise ValueError(
             f"scores (B, N) and target (B,) expected, got {scores.shape}, {target.shape}"
         )
-    if torch.isnan(scores).any():
+    # a row's max is NaN iff the row holds a NaN: one reduction, no (B, N) mask
+    if scores.numel() and torch.isnan(scores.amax(dim=1)).any():
         raise ValueError("scores contain NaN; ranks are undefined (check the model output)")
     if target.numel() and (target.min() < 1 or target.max() >= scores.shape[1]):
         raise ValueError(f"target ids must be in 1..{scores.shape[1] - 1} (0 is padding)")
@@ -98,10 +101,21 @@ def target_ranks(scores: Tensor, target: Tensor, exclude: Tensor | None = None) 
     """
     _check_rank_inputs(scores, target, exclude)
     t_idx = target.long()[:, None]  # (B, 1)
-    above = scores >= scores.gather(1, t_idx)  # (B, N) ties count above (pessimistic)
+    t_score = scores.gather(1, t_idx)  # (B, 1)
+    if exclude is None:
+        # count in column blocks with an int32 sum: the (B, block) comparison stays
+        # in cache and no int64 copy of a (B, N) mask is made (3-4x faster than
+        # summing one bool matrix); then take out the padding column and the
+        # target itself (>= itself, as no score is NaN)
+        n = scores.shape[1]
+        count = torch.zeros(scores.shape[0], dtype=torch.int32, device=scores.device)
+        for j in range(0, n, RANK_BLOCK):
+            count += (scores[:, j : j + RANK_BLOCK] >= t_score).sum(1, dtype=torch.int32)
+        count -= (scores[:, :1] >= t_score).squeeze(1).int() + 1
+        return count.long()  # (B,)
+    above = scores >= t_score  # (B, N) ties count above (pessimistic)
     above[:, 0] = False  # padding
-    if exclude is not None:
-        above &= ~exclude.bool()
+    above &= ~exclude.bool()
     above.scatter_(1, t_idx, False)  # the target is not above itself
     return above.sum(1)  # (B,)
 
@@ -317,12 +331,40 @@ def torch_topk_chunked(
     Same contract as :func:`faiss_topk`; scores have the dtype of the inputs.
     """
     items, offset = _real_items(item_vecs, k, exclude_padding)
+    items_t = items.T.contiguous()  # (d, N'): one layout for every chunk's GEMM
     vals, ids = [], []
     for u in user_vecs.split(chunk):  # (c, d)
-        v, i = (u @ items.T).topk(k, dim=1)  # (c, k)
+        v, i = topk_rows(u @ items_t, k)  # (c, k)
         vals.append(v)
         ids.append(i + offset)
     return torch.cat(vals), torch.cat(ids)
+
+
+def topk_rows(scores: Tensor, k: int, group: int = TOPK_GROUP) -> tuple[Tensor, Tensor]:
+    """``scores.topk(k, dim=1)`` (values and column ids, best first) via a group-max prefilter.
+
+    The columns are cut into groups of ``group``; a top-k element lies in one of
+    the k groups with the largest maxima (a group outside them has k group maxima
+    at or above its own max, so none of its elements can be in the top k, up to
+    ties), so one ``amax`` pass, a top-k over the group maxima and a top-k over
+    ``k * group`` gathered candidates replace a top-k over all N columns: about
+    4x cheaper on a CPU for N = 100k, k = 10. The columns after the last whole
+    group are always candidates. Equal to ``topk`` except in which of equally
+    scored columns is returned.
+    """
+    c, n = scores.shape
+    whole = n // group
+    if whole < 4 * k:  # too few groups for the prefilter to pay
+        return scores.topk(k, dim=1)
+    maxima = scores[:, : whole * group].unflatten(1, (whole, group)).amax(-1)  # (c, whole)
+    best = maxima.topk(k, dim=1).indices  # (c, k)
+    offsets = torch.arange(group, device=scores.device)
+    cols = (best.unsqueeze(-1) * group + offsets).flatten(1)  # (c, k * group)
+    if whole * group < n:
+        tail = torch.arange(whole * group, n, device=scores.device).expand(c, -1)
+        cols = torch.cat([cols, tail], dim=1)
+    v, j = scores.gather(1, cols).topk(k, dim=1)
+    return v, cols.gather(1, j)
 
 
 def chunked_target_ranks(

@@ -10,6 +10,7 @@ from torchmetrics.functional.retrieval import (
     retrieval_reciprocal_rank,
 )
 
+import bft_lightning.metrics.ranking as ranking
 from bft_lightning.metrics.ranking import (
     chunked_target_ranks,
     faiss_topk,
@@ -17,6 +18,7 @@ from bft_lightning.metrics.ranking import (
     ranks_from_topk,
     target_ranks,
     topk_metrics,
+    topk_rows,
     torch_topk_chunked,
 )
 
@@ -46,6 +48,35 @@ def test_target_ranks_match_brute_force_with_ties(with_exclude):
     if exclude is not None:
         exclude[:3].scatter_(1, target[:3, None], True)  # target in the history: still ranked
     assert target_ranks(scores, target, exclude).tolist() == brute_rank(scores, target, exclude)
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 4096])
+def test_blocked_rank_count_matches_brute_force(monkeypatch, block):
+    """The column-blocked count (no exclusion) at block sizes that cut rows anywhere,
+    with ties, a padding column that would count and infinite scores."""
+    monkeypatch.setattr(ranking, "RANK_BLOCK", block)
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randint(0, 4, (16, 23), generator=g).float()
+    scores[::3, 0] = 10.0  # padding above every target: must not count
+    scores[1, 5] = -math.inf
+    scores[2, :] = math.inf
+    target = torch.randint(1, 23, (16,), generator=g)
+    target[1] = 5  # a target at -inf: every other real item counts
+    assert target_ranks(scores, target).tolist() == brute_rank(scores, target)
+
+
+@pytest.mark.parametrize("n, k, group", [(1000, 10, 8), (1003, 10, 8), (257, 5, 16), (40, 5, 8),
+                                         (5000, 1, 64), (999, 20, 7)])  # fmt: skip
+def test_group_max_topk_equals_topk(n, k, group):
+    """Same values and ids as a full top-k (tie-free scores), tails and small N included,
+    and also when the best columns crowd into one group."""
+    g = torch.Generator().manual_seed(n + k)
+    scores = torch.randn(9, n, generator=g, dtype=torch.float64)
+    scores[0, :group] += 100.0  # row 0: the whole top k in the first group (if k <= group)
+    scores[1, n - (n % group or 1) :] += 50.0  # row 1: the tail holds the best
+    got_v, got_i = topk_rows(scores, k, group)
+    want_v, want_i = scores.topk(k, dim=1)
+    assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)
 
 
 def test_exclusion_only_lowers_ranks():
