@@ -25,24 +25,49 @@ import statistics
 import time
 
 import torch
+from torch import nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer
+from bft_lightning.nn import functional_llama as FL
+from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
 
 SHAPES = [(128, 50, 64, 2), (64, 200, 64, 2), (8, 1024, 256, 4), (2, 4096, 256, 4)]
 
 
-def build(d: int, h: int, precision: str, impl: str, device: str, chunk: int = 256) -> BFTEncoder:
+class LlamaLayer(nn.Module):
+    """One BFT Llama decoder layer (GQA with H / 4 KV heads, SwiGLU of width 8d/3, RoPE,
+    no dropout, as in LM fine-tuning) behind the encoder's call signature."""
+
+    def __init__(self, d: int, h: int, precision: str, impl: str, chunk: int) -> None:
+        super().__init__()
+        self.layer = BFTLlamaDecoderLayer(
+            d, h, max(1, h // 4), d_ff=8 * d // 3, precision=precision,
+            attention_impl=impl, attention_chunk=chunk,
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor, src_key_padding_mask: torch.Tensor, is_causal: bool = True):  # type: ignore[no-untyped-def]
+        valid = ~src_key_padding_mask
+        pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # left padding, as in generation
+        rope = FL.rope_tables(pos, self.layer.self_attn.head_dim, 10000.0, x.dtype)
+        return self.layer(x, None, rope, valid)[0]
+
+
+def build(
+    d: int, h: int, precision: str, impl: str, device: str, chunk: int = 256, arch: str = "encoder"
+) -> nn.Module:
+    if arch == "llama":
+        return LlamaLayer(d, h, precision, impl, chunk).to(device).train()
     layer = BFTEncoderLayer(d, h, 4 * d, dropout=0.1, activation="gelu", precision=precision,
                             attention_impl=impl, attention_chunk=chunk)  # fmt: skip
     return BFTEncoder(layer, 1).to(device).train()
 
 
-def step(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor) -> None:
+def step(model: nn.Module, x: torch.Tensor, pad: torch.Tensor) -> None:
     y = model(x, src_key_padding_mask=pad, is_causal=True)
     y.square().mean().backward()  # type: ignore[union-attr]
 
 
-def timed(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
+def timed(model: nn.Module, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     t = time.perf_counter()
@@ -52,7 +77,7 @@ def timed(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: str) ->
     return time.perf_counter() - t
 
 
-def peak_memory(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
+def peak_memory(model: nn.Module, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
     """CUDA: peak bytes allocated during one step above the baseline. CPU (no
     allocator statistics): bytes of the distinct storages saved for backward,
     which is what sets the activation memory of training."""
@@ -84,13 +109,13 @@ def peak_memory(model: BFTEncoder, x: torch.Tensor, pad: torch.Tensor, device: s
 
 def measure(
     shape: tuple[int, int, int, int], reps: int, off_impl: str, on_impl: str, chunk: int,
-    device: str, compile_: bool = False,
+    device: str, compile_: bool = False, arch: str = "encoder",
 ) -> dict:  # fmt: skip
     b, t, d, h = shape
     torch.manual_seed(0)
     models = {
-        "off": build(d, h, "off", off_impl, device),
-        "on": build(d, h, "on", on_impl, device, chunk),
+        "off": build(d, h, "off", off_impl, device, arch=arch),
+        "on": build(d, h, "on", on_impl, device, chunk, arch),
     }
     models["on"].load_state_dict(models["off"].state_dict(), strict=False)
     if compile_:  # both twins compiled alike (inductor fuses the filter's elementwise work)
@@ -123,19 +148,25 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--compile", action="store_true", help="time both twins under torch.compile")
+    p.add_argument(
+        "--arch", default="encoder", choices=["encoder", "llama"],
+        help="encoder: the recommenders' layer; llama: the LM decoder layer",
+    )  # fmt: skip
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES
     print(f"device={args.device} threads={torch.get_num_threads()} off_impl={args.off_impl} "
-          f"on_impl={args.on_impl} chunk={args.chunk} compile={args.compile}")  # fmt: skip
+          f"on_impl={args.on_impl} chunk={args.chunk} compile={args.compile} "
+          f"arch={args.arch}")  # fmt: skip
     print("| B, T, d, H | params off | params on | ms off | ms on | time on/off | "
           "MB off | MB on | mem on/off |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         r = measure(
-            shape, args.reps, args.off_impl, args.on_impl, args.chunk, args.device, args.compile
-        )
+            shape, args.reps, args.off_impl, args.on_impl, args.chunk, args.device, args.compile,
+            args.arch,
+        )  # fmt: skip
         t, m, n = r["time"], r["mem"], r["params"]
         print(
             f"| {shape} | {n['off']:,} | {n['on']:,} | {1e3 * t['off']:.1f} | {1e3 * t['on']:.1f} "

@@ -151,8 +151,11 @@ class BFTOptions:
         prior_width: width of the per-token prior ``tau``: 1 or ``G``.
         prior_scale: ``c``; None means ``1 / mean Var(h0)`` of the embedding.
         dropout: dropout on attention weights and residual branches.
-        attention_impl: ``"sdpa"`` or ``"reference"`` (off mode; on mode always
-            materialises the weights it needs for the statistics).
+        attention_impl: ``"chunked"`` (default: PyTorch's fused attention in off
+            mode, query blocks with no (T x T) weights kept in on mode),
+            ``"sdpa"`` (fused in off mode, materialised weights in on mode) or
+            ``"reference"`` (materialised weights in both).
+        attention_chunk: query block size of the chunked path.
     """
 
     precision: str = "off"
@@ -164,7 +167,8 @@ class BFTOptions:
     prior_width: int = 1
     prior_scale: float | None = None
     dropout: float = 0.0
-    attention_impl: str = "sdpa"
+    attention_impl: str = "chunked"
+    attention_chunk: int = 256
 
 
 @dataclass
@@ -215,6 +219,7 @@ class LlamaModel(nn.Module):
                 sill_momentum=bft.sill_momentum,
                 attention_gate=bft.attention_gate,
                 attention_impl=bft.attention_impl,
+                attention_chunk=bft.attention_chunk,
                 predict_noise=i < n - 1,
             )
             for i in range(n)

@@ -37,13 +37,15 @@ from bft_lightning.nn import functional_llama as FL
 from bft_lightning.nn.attention import (
     KrigingStats,
     build_allowed,
+    is_autocast,
     reference_attention,
     sdpa_attention,
 )
+from bft_lightning.nn.chunked import chunked_attention
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
-ATTENTION_IMPLS = ("reference", "sdpa")
+ATTENTION_IMPLS = ("reference", "sdpa", "chunked")
 
 
 @dataclass
@@ -117,7 +119,8 @@ class LlamaAttention(nn.Module):
         bias: bool = False,
         dropout: float = 0.0,
         gate: str | None = None,
-        impl: str = "sdpa",
+        impl: str = "chunked",
+        chunk_size: int = 256,
     ) -> None:
         super().__init__()
         if n_heads % n_kv_heads:
@@ -127,7 +130,7 @@ class LlamaAttention(nn.Module):
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.dropout, self.impl = dropout, impl
+        self.dropout, self.impl, self.chunk_size = dropout, impl, chunk_size
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
@@ -163,8 +166,19 @@ class LlamaAttention(nn.Module):
         bias_h = FL.repeat_kv(bias, rep) if bias is not None else None  # (B, H, Tk)
         drop = self.dropout if self.training else 0.0
         weights = stats = None
-        if self.impl == "sdpa" and not with_stats and not need_weights and bias_h is None:
+        fused = self.impl != "reference" and not need_weights
+        if fused and not with_stats and bias_h is None:
             out = sdpa_attention(q, k_h, v_h, allowed, drop)
+        elif fused and self.impl == "chunked":
+            if with_stats:  # the statistics in float32 (spec section 1), also under autocast
+                q, k_h, v_h = BF.upcast(q), BF.upcast(k_h), BF.upcast(v_h)
+                bias_h = None if bias_h is None else BF.upcast(bias_h)
+            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
+                out, estimate, second_moment, sum_p_sq = chunked_attention(
+                    q, k_h, v_h, allowed, bias_h, drop, self.chunk_size
+                )
+            if with_stats:
+                stats = KrigingStats(second_moment, estimate, sum_p_sq, v_h)
         else:
             out, weights, stats = reference_attention(
                 q, k_h, v_h, allowed, bias_h, drop, with_stats
@@ -196,8 +210,13 @@ class BFTLlamaDecoderLayer(nn.Module):
         nu0: prior degrees of freedom of the REML sill prior.
         sill_momentum: momentum of the running sill ``s0^2``.
         attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
-        attention_impl: ``"sdpa"`` (fused, used when no statistics are needed)
-            or ``"reference"`` (always materialise the weights).
+        attention_impl: ``"chunked"`` (default: the off layer runs PyTorch's fused
+            attention, the BFT layer query blocks with a hand-written backward,
+            no (T x Tk) weights kept, ``nn.chunked``), ``"sdpa"`` (fused where no
+            statistics are needed, materialised weights otherwise) or
+            ``"reference"`` (always materialise the weights). Same values and
+            gradients; a call that records the weights takes the reference path.
+        attention_chunk: query block size of the chunked path.
         predict_noise: False skips ``Q`` and has no ``rho`` (the last layer of
             an LM, whose ``lambda''`` feeds nothing).
     """
@@ -221,7 +240,8 @@ class BFTLlamaDecoderLayer(nn.Module):
         nu0: float = 1.0,
         sill_momentum: float = 0.01,
         attention_gate: str | None = None,
-        attention_impl: str = "sdpa",
+        attention_impl: str = "chunked",
+        attention_chunk: int = 256,
         predict_noise: bool = True,
     ) -> None:
         super().__init__()
@@ -239,7 +259,7 @@ class BFTLlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(d_model, rms_norm_eps)
         self.self_attn = LlamaAttention(
             d_model, n_heads, n_kv_heads, head_dim, attention_bias, dropout, attention_gate,
-            attention_impl,
+            attention_impl, attention_chunk,
         )  # fmt: skip
         self.post_attention_layernorm = RMSNorm(d_model, rms_norm_eps)
         self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
