@@ -1,8 +1,10 @@
 """Cost of BFT over the plain layer: parameters, forward+backward time, peak memory.
 
-For each shape, builds a 1-layer ``BFTEncoder`` with ``precision`` off and on
-(same weights), times forward + backward in interleaved repetitions (off, on,
-off, on, ...) and reports medians and the on/off ratios. Peak memory is
+For each shape, builds one layer with ``precision`` off and on (same
+weights): the recommenders' ``BFTEncoderLayer`` (``--arch encoder``, dropout
+0.1) or the LM's ``BFTLlamaDecoderLayer`` (``--arch llama``: GQA with H / 4
+KV heads, SwiGLU, RoPE, no dropout), times forward + backward in interleaved
+repetitions (off, on, off, on, ...) and reports medians and the on/off ratios. Peak memory is
 ``torch.cuda.max_memory_allocated`` on CUDA and the peak otherwise
 (PyTorch keeps no CPU allocator statistics) the bytes of activations saved for
 backward, which set a training step's memory.
@@ -10,6 +12,7 @@ backward, which set a training step's memory.
     OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py            # the default shapes
     OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --off-impl reference
     OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --on-impl chunked --shapes 2,4096,256,4
+    OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --arch llama --shapes 1,2048,256,8
 
 ``--off-impl sdpa`` (default) gives the off twin PyTorch's fused attention,
 which is what a user of ``nn.TransformerEncoderLayer`` gets. ``--on-impl``
@@ -47,7 +50,7 @@ class LlamaLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, src_key_padding_mask: torch.Tensor, is_causal: bool = True):  # type: ignore[no-untyped-def]
         valid = ~src_key_padding_mask
-        pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # left padding, as in generation
+        pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # positions of the valid tokens
         rope = FL.rope_tables(pos, self.layer.self_attn.head_dim, 10000.0, x.dtype)
         return self.layer(x, None, rope, valid)[0]
 

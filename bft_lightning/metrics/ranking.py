@@ -352,6 +352,8 @@ def topk_rows(scores: Tensor, k: int, group: int = TOPK_GROUP) -> tuple[Tensor, 
     group are always candidates. Equal to ``topk`` except in which of equally
     scored columns is returned.
     """
+    if group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
     c, n = scores.shape
     whole = n // group
     if whole < 4 * k:  # too few groups for the prefilter to pay

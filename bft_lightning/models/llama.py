@@ -285,9 +285,11 @@ class LlamaForCausalLM(nn.Module):
     """The decoder plus the LM head; ``generate`` does greedy decoding (KV cache or not).
 
     Set ``model.model.gradient_checkpointing = True`` to recompute each layer in
-    the backward pass: with ``precision="on"`` a layer materialises its (B, H,
-    T, T) attention weights in float32, so activation memory is O(L B H T^2)
-    without it. (A recomputed layer updates its running sill twice a step.)
+    the backward pass. With the default ``attention_impl="chunked"`` no layer
+    keeps (T x T) attention weights for the backward (only a (B, 1, T, T)
+    boolean mask), so activation memory is O(L B T d); with ``"sdpa"`` or
+    ``"reference"`` an on-mode layer keeps its (B, H, T, T) float32 weights,
+    O(L B H T^2). (A recomputed layer updates its running sill twice a step.)
 
     Args:
         config: the architecture.

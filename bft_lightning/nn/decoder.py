@@ -123,6 +123,8 @@ class LlamaAttention(nn.Module):
         chunk_size: int = 256,
     ) -> None:
         super().__init__()
+        if chunk_size < 1:
+            raise ValueError(f"attention_chunk must be >= 1, got {chunk_size}")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
         if gate not in (None, "sigmoid"):
@@ -180,9 +182,11 @@ class LlamaAttention(nn.Module):
             if with_stats:
                 stats = KrigingStats(second_moment, estimate, sum_p_sq, v_h)
         else:
-            out, weights, stats = reference_attention(
-                q, k_h, v_h, allowed, bias_h, drop, with_stats
-            )
+            # with statistics, float32 also under autocast (as in the chunked path)
+            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
+                out, weights, stats = reference_attention(
+                    q, k_h, v_h, allowed, bias_h, drop, with_stats
+                )
         out = out.to(v.dtype).transpose(1, 2).reshape(b, t, -1)  # (B, T, H dh)
         gate = None
         if self.attn_gate is not None:

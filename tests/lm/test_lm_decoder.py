@@ -405,3 +405,19 @@ def test_chunked_attention_equals_reference_in_the_decoder(
                 first = model(x[:, :6], mask[:, :6], use_cache=True)
                 steps[impl] = model(x[:, 6:], mask[:, 6:], cache=first.cache).logits
         torch.testing.assert_close(steps["chunked"], steps["reference"])
+
+
+@pytest.mark.parametrize("impl", ["chunked", "reference"])
+def test_statistics_are_float32_under_bf16_autocast(impl: str) -> None:
+    """Under bf16 autocast both paths compute the kriging statistics in float32, so
+    they agree with each other far more closely than bf16 resolution (2^-8)."""
+    models = {i: tiny("on", attention_impl=i, attention_chunk=4) for i in ("chunked", impl)}
+    x = ids(2, 12)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        lp = {i: m(x).log_precision for i, m in models.items()}
+    set_recording(models[impl], True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        models[impl](x)
+    stats = [layer.last_stats for _, layer in find_filter_layers(models[impl])]
+    assert all(st is not None and st.gain.dtype == torch.float32 for st in stats)
+    torch.testing.assert_close(lp[impl], lp["chunked"], atol=2e-3, rtol=2e-3)

@@ -65,11 +65,12 @@ def test_blocked_rank_count_matches_brute_force(monkeypatch, block):
     assert target_ranks(scores, target).tolist() == brute_rank(scores, target)
 
 
-@pytest.mark.parametrize("n, k, group", [(1000, 10, 8), (1003, 10, 8), (257, 5, 16), (40, 5, 8),
-                                         (5000, 1, 64), (999, 20, 7)])  # fmt: skip
+@pytest.mark.parametrize("n, k, group", [(1000, 10, 8), (1003, 10, 8), (257, 2, 16), (90, 2, 9),
+                                         (5000, 1, 64), (999, 20, 7), (40, 5, 8)])  # fmt: skip
 def test_group_max_topk_equals_topk(n, k, group):
-    """Same values and ids as a full top-k (tie-free scores), tails and small N included,
-    and also when the best columns crowd into one group."""
+    """Same values and ids as a full top-k (tie-free scores), with and without a tail,
+    when the best columns crowd into one group or the tail, and (40, 5, 8: fewer than
+    4k groups) through the plain top-k fallback."""
     g = torch.Generator().manual_seed(n + k)
     scores = torch.randn(9, n, generator=g, dtype=torch.float64)
     scores[0, :group] += 100.0  # row 0: the whole top k in the first group (if k <= group)
@@ -77,6 +78,34 @@ def test_group_max_topk_equals_topk(n, k, group):
     got_v, got_i = topk_rows(scores, k, group)
     want_v, want_i = scores.topk(k, dim=1)
     assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_group_max_topk_with_ties_and_infinities(dtype):
+    """Integer scores (many ties), rows of -inf, +inf and mixed: the values equal topk's,
+    the ids are distinct and point at those values (which of tied columns may differ)."""
+    g = torch.Generator().manual_seed(5)
+    scores = torch.randint(0, 5, (12, 700), generator=g).to(dtype)
+    scores[1] = -math.inf
+    scores[2, ::50] = math.inf
+    scores[3, 100:] = -math.inf
+    scores[4] = 7.0  # one value everywhere
+    for k in (1, 3, 10):
+        v, i = topk_rows(scores, k, group=8)
+        assert torch.equal(v, scores.topk(k, dim=1).values)
+        assert all(len(set(row.tolist())) == k for row in i)
+        assert torch.equal(scores.gather(1, i), v)
+    with pytest.raises(ValueError, match="group"):
+        topk_rows(scores, 3, group=0)
+
+
+def test_torch_topk_through_the_prefilter_equals_faiss():
+    """Enough items (N >= 4 k x 64) that torch_topk_chunked takes the group-max path."""
+    u, it = _vectors(users=40, items=3001, dim=16, seed=6)
+    f_scores, f_ids = faiss_topk(u, it, 5)
+    t_scores, t_ids = torch_topk_chunked(u, it, 5, chunk=16)
+    assert torch.equal(f_ids, t_ids)
+    assert torch.allclose(f_scores, t_scores, atol=1e-5)
 
 
 def test_exclusion_only_lowers_ranks():
