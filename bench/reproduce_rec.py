@@ -246,6 +246,12 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             float(np.mean([s["metrics"].get(f"item_q{q}/gain", math.nan) for s in summaries]))
             for q in range(4)
         ]
+        per_run = [runs[(variant, s)]["layer_gain"] for s in have]
+        layers = sorted(set.intersection(*(set(g) for g in per_run))) if per_run else []
+        row["layer_gain_q"] = {
+            name: [float(np.mean([g[name][q] for g in per_run])) for q in range(4)]
+            for name in layers
+        }
         row["tau"] = summaries[0]["tau"]
         row["commands"] = sorted({s["command"] for s in summaries if "command" in s})
         row["hardware"] = sorted({s["hardware"] for s in summaries if "hardware" in s})
@@ -304,6 +310,19 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
         )
         g = " | ".join("–" if math.isnan(x) else f"{x:.3f}" for x in r["gain_q"])
         lines.append(f"| {r['variant']} | {tau} | {g} |")
+    layered = [r for r in rows if r.get("layer_gain_q") and VARIANTS[r["variant"]][0] == "on"]
+    if layered:
+        lines += ["", "Kalman gain K of the item tokens in each layer by the token's own "
+                  "popularity quartile (test, averaged over seeds; the mean K columns above "
+                  "are at the predicting position, by the target's quartile):", "",
+                  "| variant | layer | K Q0 | Q1 | Q2 | Q3 |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in layered:
+            for name, g in r["layer_gain_q"].items():
+                short = name.removeprefix("model.")
+                lines.append(
+                    f"| {r['variant']} | {short} | " + " | ".join(f"{x:.3f}" for x in g) + " |"
+                )
     lines += ["", "Same-seed differences in HR@10 (variant seed s minus off seed s): the spread "
               "of these is the training noise the pooled paired SE does not see.", "",
               "| variant | seeds | per-seed ΔHR@10 | mean | SD across seeds |",
@@ -457,8 +476,29 @@ def load_runs(base: Path, variants: list[str]) -> dict:
             "item_frequency": np.load(out / "item_frequency.npy"),
             "history_len": np.load(out / "history_len.npy")
             if (out / "history_len.npy").exists() else None,
+            "layer_gain": layer_gains(out),
         }  # fmt: skip
     return runs
+
+
+def layer_gains(out: Path) -> dict[str, list[float]]:
+    """Mean Kalman gain per layer of the item tokens by their own popularity quartile
+    (Q0..Q3) on test, from the run's ``gain_by_stratum.md`` (``GainByStratum``);
+    empty when the run has none (off twin, or no such callback)."""
+    files = sorted(out.glob("tb/version_*/gain_by_stratum.md"))
+    if not files:
+        return {}
+    gains, section = {}, False
+    for line in files[-1].read_text().splitlines():
+        if line.startswith("### "):
+            section = line.startswith("### Mean Kalman gain")
+        elif section and line.startswith("| ") and not line.startswith("| |"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            try:
+                gains[cells[0]] = [float(c) for c in cells[1:5]]
+            except ValueError:
+                continue
+    return gains
 
 
 def report(args: argparse.Namespace, runs: dict) -> None:
