@@ -126,6 +126,45 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout_p: 
     return out * has_key.to(out.dtype)
 
 
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor,
+    bias: Tensor | None,
+    dropout_p: float,
+    impl: str,
+    chunk_size: int,
+    with_stats: bool = False,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None, KrigingStats | None]:
+    """One attention call by ``impl`` (``ATTENTION_IMPLS``); the kernel switch of every layer.
+
+    A call with no statistics and no bias takes PyTorch's fused kernel unless
+    ``impl`` is ``"reference"``; ``"chunked"`` computes the statistics in query
+    blocks; everything else, and any call that needs the weights, takes the
+    materialised reference. The statistics are computed in float32 (spec
+    section 1), also under autocast. q: (B, H, T, d_h); k, v: (B, H, S, d_h);
+    allowed: (B, 1, T, S); bias: (B, H, S) or None. Returns the output
+    (B, H, T, d_h), the weights (B, H, T, S; exact only with ``need_weights``)
+    or None, and the statistics or None.
+    """
+    fused = impl != "reference" and not need_weights
+    if fused and not with_stats and bias is None:
+        return sdpa_attention(q, k, v, allowed, dropout_p), None, None
+    if with_stats:
+        q, k, v = upcast(q), upcast(k), upcast(v)
+        bias = None if bias is None else upcast(bias)
+    with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
+        if fused and impl == "chunked":
+            out, estimate, second_moment, sum_p_sq = chunked_attention(
+                q, k, v, allowed, bias, dropout_p, chunk_size
+            )
+            stats = KrigingStats(second_moment, estimate, sum_p_sq, v) if with_stats else None
+            return out, None, stats
+        return reference_attention(q, k, v, allowed, bias, dropout_p, with_stats, need_weights)
+
+
 class KrigingAttention(nn.Module):
     """Multi-head softmax attention whose keys carry a precision bias.
 
@@ -182,26 +221,9 @@ class KrigingAttention(nn.Module):
         q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         q, k, v = (y.view(b, t, self.nhead, -1).transpose(1, 2) for y in (q, k, v))  # (B,H,T,dh)
         drop = self.dropout if self.training else 0.0
-        weights = stats = None
-        fused = self.impl != "reference" and not need_weights
-        if fused and not with_stats and bias is None:
-            out = sdpa_attention(q, k, v, allowed, drop)
-        elif fused and self.impl == "chunked":
-            if with_stats:
-                q, k, v = upcast(q), upcast(k), upcast(v)
-                bias = None if bias is None else upcast(bias)
-            # the statistics are accumulated in float32 (spec section 1), also under autocast
-            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
-                out, estimate, second_moment, sum_p_sq = chunked_attention(
-                    q, k, v, allowed, bias, drop, self.chunk_size
-                )
-            if with_stats:
-                stats = KrigingStats(second_moment, estimate, sum_p_sq, v)
-        else:
-            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
-                out, weights, stats = reference_attention(
-                    q, k, v, allowed, bias, drop, with_stats, need_weights
-                )
+        out, weights, stats = attend(
+            q, k, v, allowed, bias, drop, self.impl, self.chunk_size, with_stats, need_weights
+        )
         out = out.to(v.dtype).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
         gate = None
         if self.gate is not None:

@@ -34,14 +34,7 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
-from bft_lightning.nn.attention import (
-    KrigingStats,
-    build_allowed,
-    is_autocast,
-    reference_attention,
-    sdpa_attention,
-)
-from bft_lightning.nn.chunked import chunked_attention
+from bft_lightning.nn.attention import KrigingStats, attend, build_allowed
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
@@ -167,26 +160,9 @@ class LlamaAttention(nn.Module):
         k_h, v_h = FL.repeat_kv(k, rep), FL.repeat_kv(v, rep)  # (B, H, Tk, dh)
         bias_h = FL.repeat_kv(bias, rep) if bias is not None else None  # (B, H, Tk)
         drop = self.dropout if self.training else 0.0
-        weights = stats = None
-        fused = self.impl != "reference" and not need_weights
-        if fused and not with_stats and bias_h is None:
-            out = sdpa_attention(q, k_h, v_h, allowed, drop)
-        elif fused and self.impl == "chunked":
-            if with_stats:  # the statistics in float32 (spec section 1), also under autocast
-                q, k_h, v_h = BF.upcast(q), BF.upcast(k_h), BF.upcast(v_h)
-                bias_h = None if bias_h is None else BF.upcast(bias_h)
-            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
-                out, estimate, second_moment, sum_p_sq = chunked_attention(
-                    q, k_h, v_h, allowed, bias_h, drop, self.chunk_size
-                )
-            if with_stats:
-                stats = KrigingStats(second_moment, estimate, sum_p_sq, v_h)
-        else:
-            # with statistics, float32 also under autocast (as in the chunked path)
-            with torch.autocast(q.device.type, enabled=not with_stats and is_autocast(q)):
-                out, weights, stats = reference_attention(
-                    q, k_h, v_h, allowed, bias_h, drop, with_stats
-                )
+        out, weights, stats = attend(
+            q, k_h, v_h, allowed, bias_h, drop, self.impl, self.chunk_size, with_stats, need_weights
+        )
         out = out.to(v.dtype).transpose(1, 2).reshape(b, t, -1)  # (B, T, H dh)
         gate = None
         if self.attn_gate is not None:

@@ -13,7 +13,7 @@ from bft_lightning.models.llama import (
     LlamaForCausalLM,
     calibrate_precision,
 )
-from bft_lightning.nn import decoder as decoder_module
+from bft_lightning.nn import attention as attention_module
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
 from bft_lightning.nn.attention import build_allowed
@@ -381,7 +381,7 @@ def test_chunked_attention_equals_reference_in_the_decoder(
         model.train()
         with monkeypatch.context() as patch:
             if impl == "chunked":
-                patch.setattr(decoder_module, "reference_attention", materialised)
+                patch.setattr(attention_module, "reference_attention", materialised)
             out = model(x, mask)
         (out.logits.square().mean() + out.log_precision[mask.bool()].mean()).backward()
         outs[impl] = out
@@ -401,7 +401,7 @@ def test_chunked_attention_equals_reference_in_the_decoder(
         for impl, model in models.items():
             with monkeypatch.context() as patch:
                 if impl == "chunked":
-                    patch.setattr(decoder_module, "reference_attention", materialised)
+                    patch.setattr(attention_module, "reference_attention", materialised)
                 first = model(x[:, :6], mask[:, :6], use_cache=True)
                 steps[impl] = model(x[:, 6:], mask[:, 6:], cache=first.cache).logits
         torch.testing.assert_close(steps["chunked"], steps["reference"])
