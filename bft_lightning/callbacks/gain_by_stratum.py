@@ -21,12 +21,15 @@ Ids outside ``1..num_items`` (padding, a mask token) are skipped. Sums are
 fixed-size and summed across ranks (DDP-exact).
 
 Logged (``{p}`` = ``stratum_val`` / ``stratum_test``): ``{p}/L/K/Q{j}``,
-``{p}/L/log_prec/Q{j}``, ``{p}/L/n_eff/Q{j}``; files ``{filename}.md`` (tables)
-and ``{filename}.png`` in ``trainer.log_dir``.
+``{p}/L/log_prec/Q{j}``, ``{p}/L/n_eff/Q{j}``; files ``{filename}.md`` (tables),
+``{filename}.json`` (the same numbers for programs: ``{"layers": [...],
+"strata": ["Q0", ...], "K": [[per stratum] per layer], ...}``, null where a
+stratum had no position) and ``{filename}.png`` in ``trainer.log_dir``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -171,6 +174,11 @@ class GainByStratum(EvalRecorder):
             report.markdown_table("Positions", names, cols, m["count"], "{:.0f}"),
         ]
         report.write_text(f"{stem}.md", "\n".join(text))
+        table = {"prefix": prefix, "step": step, "item_key": self.item_key}
+        table |= {"layers": list(names), "strata": cols}
+        for c in ("K", "log_prec", "log_prec_obs", "n_eff", "count"):
+            table[c] = [[None if math.isnan(x) else x for x in row] for row in m[c].tolist()]
+        report.write_text(f"{stem}.json", json.dumps(table, indent=1))
         panels = [("mean K", names, m["K"]), ("mean log lambda (prior)", names, m["log_prec"])]
         title = f"Gain by item stratum ({prefix}, step {step})"
         report.save_line_plot(f"{stem}.png", cols, panels, title, "item popularity quartile")

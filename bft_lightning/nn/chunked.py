@@ -12,6 +12,10 @@ same values and gradients as the reference while holding only one
   block (the exact value; the log-sum-exp identity of spec section 1,
   ``exp(LSE(2s) - 2 LSE(s))``, is only needed where a kernel hides ``p``).
   Only the inputs and the (B, H, T, d_h + 1) outputs are saved.
+- key spans: each block of queries reads only the keys between the first and
+  the last one any of its rows may read (``_key_spans``), so a causal mask
+  costs about half the products of a full one (block i stops at key i1) and
+  left padding is skipped; a block with no allowed key is not computed.
 - backward: the block's weights are recomputed and every output's gradient
   is folded into one ``dL/dp``::
 
@@ -42,23 +46,50 @@ def masked_value(dtype: torch.dtype) -> float:
     return max(MASKED, torch.finfo(dtype).min)
 
 
+Span = tuple[int, int, int, int]  # queries i0:i1 read keys s0:s1
+
+
+def _key_spans(allowed: Tensor, chunk: int) -> list[Span]:
+    """Blocks of ``chunk`` queries with the key range ``s0:s1`` each may read.
+
+    allowed: (B, 1, T, S). ``s0:s1`` runs from the first to the last key any
+    row of the block (in any sequence) may read; ``s0 == s1`` when none. One
+    host sync for all blocks.
+    """
+    t, s = allowed.shape[-2:]
+    rows = allowed.any(dim=1).any(dim=0)  # (T, S)
+    starts = list(range(0, t, chunk))
+    cols = torch.stack([rows[i0 : i0 + chunk].any(dim=0) for i0 in starts])  # (n, S)
+    some = cols.any(dim=1)
+    first = cols.int().argmax(dim=1)
+    last = s - cols.flip(1).int().argmax(dim=1)
+    spans = torch.stack([first, last, some.int()], dim=1).tolist()
+    return [
+        (i0, min(t, i0 + chunk), s0, s1) if any_ else (i0, min(t, i0 + chunk), 0, 0)
+        for i0, (s0, s1, any_) in zip(starts, spans, strict=True)
+    ]
+
+
 def _block(
-    q: Tensor, kt: Tensor, bias: Tensor | None, allowed: Tensor, i0: int, i1: int
+    q: Tensor, kt: Tensor, bias: Tensor | None, allowed: Tensor, span: Span
 ) -> tuple[Tensor, Tensor]:
-    """Weights (B, H, c, S) of queries ``i0:i1`` and their has-key flag (B, 1, c, 1).
+    """Weights (B, H, c, s1 - s0) of queries ``i0:i1`` over keys ``s0:s1`` and
+    the queries' has-key flag (B, 1, c, 1).
 
     kt: the keys as (B * H, d_h, S), laid out once for all blocks.
     """
+    i0, i1, s0, s1 = span
     b, h, _, dh = q.shape
-    s = kt.shape[2]
+    s = s1 - s0
     c = i1 - i0
     qc = q[:, :, i0:i1].reshape(b * h, c, dh)
+    kt = kt[:, :, s0:s1]
     if bias is None:
         scores = torch.bmm(qc, kt).mul_(1.0 / math.sqrt(dh))
     else:
-        base = bias.reshape(b * h, 1, s).to(qc.dtype).expand(b * h, c, s)
+        base = bias[..., s0:s1].reshape(b * h, 1, s).to(qc.dtype).expand(b * h, c, s)
         scores = torch.baddbmm(base, qc, kt, alpha=1.0 / math.sqrt(dh))
-    block = allowed[:, :, i0:i1]
+    block = allowed[:, :, i0:i1, s0:s1]
     scores = scores.view(b, h, c, s).masked_fill_(~block, masked_value(scores.dtype))
     p = torch.softmax(scores, dim=-1)
     return p, block.any(dim=-1, keepdim=True).to(p.dtype)
@@ -96,20 +127,23 @@ class _ChunkedKriging(torch.autograd.Function):
         dv = v.shape[-1]
         kt = _keys(k)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
-        e_aug = q.new_empty(b, h, t, dv + 1)
-        sum_p_sq = q.new_empty(b, h, t)
-        out = q.new_empty(b, h, t, dv) if dropout_p > 0 else None
-        for index, i0 in enumerate(range(0, t, chunk)):
-            i1 = min(t, i0 + chunk)
-            p, has_key = _block(q, kt, bias, allowed, i0, i1)
-            e_aug[:, :, i0:i1] = (p @ v_aug) * has_key
+        spans = _key_spans(allowed, chunk)
+        e_aug = q.new_zeros(b, h, t, dv + 1)  # rows of a block with no key stay 0
+        sum_p_sq = q.new_zeros(b, h, t)
+        out = q.new_zeros(b, h, t, dv) if dropout_p > 0 else None
+        for index, span in enumerate(spans):
+            i0, i1, s0, s1 = span
+            if s0 == s1:
+                continue
+            p, has_key = _block(q, kt, bias, allowed, span)
+            e_aug[:, :, i0:i1] = (p @ v_aug[:, :, s0:s1]) * has_key
             sum_p_sq[:, :, i0:i1] = torch.linalg.vecdot(p, p) * has_key[..., 0]
             if out is not None:
                 dropped = _keep_mask(p, dropout_p, seed, index).mul_(p)
-                out[:, :, i0:i1] = (dropped @ v) * has_key
+                out[:, :, i0:i1] = (dropped @ v[:, :, s0:s1]) * has_key
         ctx.save_for_backward(q, k, v, bias, allowed)  # type: ignore[arg-type]
         ctx.set_materialize_grads(False)  # an unused output costs nothing in the backward
-        ctx.dropout_p, ctx.chunk, ctx.seed = dropout_p, chunk, seed  # type: ignore[attr-defined]
+        ctx.dropout_p, ctx.spans, ctx.seed = dropout_p, spans, seed  # type: ignore[attr-defined]
         if out is None:
             out = e_aug[..., :-1].clone()
         return out, e_aug, sum_p_sq
@@ -124,9 +158,9 @@ class _ChunkedKriging(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         q, k, v, bias, allowed = ctx.saved_tensors  # type: ignore[attr-defined]
         dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
-        chunk: int = ctx.chunk  # type: ignore[attr-defined]
+        spans: list[Span] = ctx.spans  # type: ignore[attr-defined]
         seed: int = ctx.seed  # type: ignore[attr-defined]
-        t, dh, dv = q.shape[2], q.shape[3], v.shape[3]
+        dh, dv = q.shape[3], v.shape[3]
         scale = 1.0 / math.sqrt(dh)
         kt = _keys(k)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
@@ -140,19 +174,21 @@ class _ChunkedKriging(torch.autograd.Function):
             g_e = q.new_zeros(*q.shape[:3], dv + 1) if g_e is None else g_e.clone()
             g_e[..., :-1] += g_out
             g_out = None
-        for index, i0 in enumerate(range(0, t, chunk)):
-            i1 = min(t, i0 + chunk)
-            p, has_key = _block(q, kt, bias, allowed, i0, i1)
+        for index, span in enumerate(spans):
+            i0, i1, s0, s1 = span
+            if s0 == s1:
+                continue
+            p, has_key = _block(q, kt, bias, allowed, span)
             grad_p: Tensor | None = None
             if g_e is not None:
                 ge = g_e[:, :, i0:i1] * has_key
-                grad_p = ge @ v_aug.transpose(-1, -2)
-                dv_aug += p.transpose(-1, -2) @ ge
+                grad_p = ge @ v_aug[:, :, s0:s1].transpose(-1, -2)
+                dv_aug[:, :, s0:s1] += p.transpose(-1, -2) @ ge
             if g_out is not None:  # with dropout (otherwise folded into g_e above)
                 go = g_out[:, :, i0:i1] * has_key
                 mask = _keep_mask(p, dropout_p, seed, index)
-                dv_aug[..., :-1] += (mask * p).transpose(-1, -2) @ go
-                from_out = (go @ v.transpose(-1, -2)).mul_(mask)
+                dv_aug[:, :, s0:s1, :-1] += (mask * p).transpose(-1, -2) @ go
+                from_out = (go @ v[:, :, s0:s1].transpose(-1, -2)).mul_(mask)
                 grad_p = from_out if grad_p is None else grad_p.add_(from_out)
             if g_p is not None:
                 from_p = (2.0 * g_p[:, :, i0:i1, None] * has_key) * p
@@ -161,10 +197,10 @@ class _ChunkedKriging(torch.autograd.Function):
                 continue
             # ds = p * (G - sum_k p_k G_k), in place on G
             ds = grad_p.sub_(torch.linalg.vecdot(p, grad_p).unsqueeze(-1)).mul_(p)
-            dq[:, :, i0:i1] = (ds @ k) * scale
-            dk += (ds.transpose(-1, -2) @ q[:, :, i0:i1]) * scale
+            dq[:, :, i0:i1] = (ds @ k[:, :, s0:s1]) * scale
+            dk[:, :, s0:s1] += (ds.transpose(-1, -2) @ q[:, :, i0:i1]) * scale
             if dbias is not None:
-                dbias += ds.sum(-2)
+                dbias[..., s0:s1] += ds.sum(-2)
         grad_v = dv_aug[..., :-1] + dv_aug[..., -1:] * (2.0 / dv) * v
         return dq, dk, grad_v, dbias, None, None, None, None
 

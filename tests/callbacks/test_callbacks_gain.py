@@ -1,6 +1,9 @@
 """Gain by item stratum and by context length, on scripted statistics with known answers."""
 
+import importlib.util
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +56,35 @@ def test_stratum_means_and_report_files_from_the_datamodule(tmp_path):
     md = (tmp_path / "gain_by_stratum.md").read_text()
     assert "### Mean Kalman gain K" in md and f"{got[3]:.4f}" in md
     assert (tmp_path / "gain_by_stratum.png").read_bytes()[:4] == b"\x89PNG"
+    table = json.loads((tmp_path / "gain_by_stratum.json").read_text())
+    assert table["layers"] == ["blocks.0"] and table["strata"] == ["Q0", "Q1", "Q2", "Q3"]
+    assert table["K"][0] == pytest.approx(got)
+    assert sum(table["count"][0]) == float(cb.last_means["count"].sum())
+
+
+def test_reproduce_runner_reads_the_gain_table_as_json_and_as_markdown(tmp_path):
+    """bench/reproduce_rec.py takes the per-layer K from the JSON, and from the
+    Markdown tables of runs written before the JSON existed: both agree."""
+    batches = data()
+    logs = tmp_path / "logs"
+    trainer(logs, GainByStratum()).validate(
+        ScriptedModule(by_item), datamodule=RankBatches(batches, batches, item_frequency=FREQ)
+    )
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_rec", Path(__file__).parents[2] / "bench" / "reproduce_rec.py"
+    )
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    for kind in ("json", "md"):
+        run = tmp_path / kind / "tb" / "version_0"
+        run.mkdir(parents=True)
+        (run / f"gain_by_stratum.{kind}").write_text((logs / f"gain_by_stratum.{kind}").read_text())
+    from_json = runner.layer_gains(tmp_path / "json")
+    from_md = runner.layer_gains(tmp_path / "md")
+    assert list(from_json) == ["blocks.0"]
+    assert from_json["blocks.0"] == pytest.approx(expected_by_stratum(batches, "input_ids"))
+    assert from_md["blocks.0"] == pytest.approx(from_json["blocks.0"], abs=5e-5)
+    assert runner.layer_gains(tmp_path / "none") == {}
 
 
 def test_stratum_of_the_target_from_a_constructor_frequency(tmp_path):
