@@ -232,11 +232,13 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             row[f"hr10_q{q}"], row[f"ndcg10_q{q}"] = float(hr[m].mean()), float(nd[m].mean())
             if variant != "off":
                 row[f"paired_delta_hr10_q{q}"], row[f"paired_se_hr10_q{q}"] = paired(hr0[m], hr[m])
+                row[f"off_hr10_q{q}"] = float(hr0[m].mean())
         if cold is not None:
             c = cold[_seen(runs, variant, have)]
             row["hr10_cold"] = float(hr[c].mean())
             if variant != "off":
                 row["paired_delta_hr10_cold"], row["paired_se_hr10_cold"] = paired(hr0[c], hr[c])
+                row["off_hr10_cold"] = float(hr0[c].mean())
         if variant != "off":
             # training noise: the same-seed difference of each seed (seed s of the
             # variant against seed s of the off twin), besides the pooled paired SE
@@ -245,6 +247,7 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
                 for s in have
             ]
             row["paired_delta_hr10"], row["paired_se_hr10"] = paired(hr0, hr)
+            row["off_hr10"] = float(hr0.mean())
             row["paired_delta_ndcg10"], row["paired_se_ndcg10"] = paired(nd0, nd)
         summaries = [runs[(variant, s)]["summary"] for s in have]
         timed = [s["sec_per_epoch"] for s in summaries if s["sec_per_epoch"] is not None]
@@ -303,6 +306,24 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
             f"{d('paired_delta_hr10_cold')} | "
             f"{r['sec_per_epoch']:.1f} | {r['epochs']} ({r['best_epoch']}) |"
         )
+    strata = ["", "_q0", "_q1", "_q2", "_q3", "_cold"]
+    lines += ["", "Relative change in HR@10 by stratum, the unit of the paper's claims: the "
+              "paired difference over the off twin's HR@10 in that stratum on the same users "
+              "and seeds (± paired SE over the same base).", "",
+              "| variant | all | Q0 (rarest) | Q1 | Q2 | Q3 | cold |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if r["variant"] == "off":
+            continue
+
+        def rel(sfx: str, r: dict = r) -> str:
+            base = r.get(f"off_hr10{sfx}")
+            if not base or f"paired_delta_hr10{sfx}" not in r:
+                return "–"
+            delta, se = r[f"paired_delta_hr10{sfx}"], r[f"paired_se_hr10{sfx}"]
+            return f"{100 * delta / base:+.1f}% ({100 * se / base:.1f})"
+
+        lines.append(f"| {r['variant']} | " + " | ".join(rel(x) for x in strata) + " |")
     lines += ["", "Mechanism diagnostics (first seed's tau; gain averaged over seeds):", "",
               "| variant | log tau mean | log tau std | p10 / p50 / p90 | mean K Q0 | Q1 | Q2 "
               "| Q3 |",
