@@ -272,6 +272,11 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
     return rows
 
 
+def _section(intro: str, columns: list[str]) -> list[str]:
+    """A blank line, the intro, a blank line and a table header with these columns."""
+    return ["", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> None:
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
@@ -307,11 +312,12 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
             f"{r['sec_per_epoch']:.1f} | {r['epochs']} ({r['best_epoch']}) |"
         )
     strata = ["", "_q0", "_q1", "_q2", "_q3", "_cold"]
-    lines += ["", "Relative change in HR@10 by stratum, the unit of the paper's claims: the "
-              "paired difference over the off twin's HR@10 in that stratum on the same users "
-              "and seeds (± paired SE over the same base).", "",
-              "| variant | all | Q0 (rarest) | Q1 | Q2 | Q3 | cold |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += _section(
+        "Relative change in HR@10 by stratum, the unit of the paper's claims: the paired "
+        "difference over the off twin's HR@10 in that stratum on the same users and seeds "
+        "(± paired SE over the same base).",
+        ["variant", "all", "Q0 (rarest)", "Q1", "Q2", "Q3", "cold"],
+    )
     for r in rows:
         if r["variant"] == "off":
             continue
@@ -324,10 +330,11 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
             return f"{100 * delta / base:+.1f}% ({100 * se / base:.1f})"
 
         lines.append(f"| {r['variant']} | " + " | ".join(rel(x) for x in strata) + " |")
-    lines += ["", "Mechanism diagnostics (first seed's tau; gain averaged over seeds):", "",
-              "| variant | log tau mean | log tau std | p10 / p50 / p90 | mean K Q0 | Q1 | Q2 "
-              "| Q3 |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += _section(
+        "Mechanism diagnostics (first seed's tau; gain averaged over seeds):",
+        ["variant", "log tau mean", "log tau std", "p10 / p50 / p90", "mean K Q0", "Q1", "Q2",
+         "Q3"],
+    )  # fmt: skip
     for r in rows:
         t = r["tau"]
         tau = (
@@ -342,21 +349,23 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
         lines.append(f"| {r['variant']} | {tau} | {g} |")
     layered = [r for r in rows if r.get("layer_gain_q") and VARIANTS[r["variant"]][0] == "on"]
     if layered:
-        lines += ["", "Kalman gain K of the item tokens in each layer by the token's own "
-                  "popularity quartile (test, averaged over seeds; the mean K columns above "
-                  "are at the predicting position, by the target's quartile):", "",
-                  "| variant | layer | K Q0 | Q1 | Q2 | Q3 |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += _section(
+            "Kalman gain K of the item tokens in each layer by the token's own popularity "
+            "quartile (test, averaged over seeds; the mean K columns above are at the "
+            "predicting position, by the target's quartile):",
+            ["variant", "layer", "K Q0", "Q1", "Q2", "Q3"],
+        )
         for r in layered:
             for name, g in r["layer_gain_q"].items():
                 short = name.removeprefix("model.")
                 lines.append(
                     f"| {r['variant']} | {short} | " + " | ".join(f"{x:.3f}" for x in g) + " |"
                 )
-    lines += ["", "Same-seed differences in HR@10 (variant seed s minus off seed s): the spread "
-              "of these is the training noise the pooled paired SE does not see.", "",
-              "| variant | seeds | per-seed ΔHR@10 | mean | SD across seeds |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += _section(
+        "Same-seed differences in HR@10 (variant seed s minus off seed s): the spread of "
+        "these is the training noise the pooled paired SE does not see.",
+        ["variant", "seeds", "per-seed ΔHR@10", "mean", "SD across seeds"],
+    )
     for r in rows:
         if "per_seed_delta_hr10" in r:
             deltas = np.array(r["per_seed_delta_hr10"])
