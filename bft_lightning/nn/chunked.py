@@ -57,9 +57,14 @@ def _key_spans(allowed: Tensor, chunk: int) -> list[Span]:
     host sync for all blocks.
     """
     t, s = allowed.shape[-2:]
-    rows = allowed.any(dim=1).any(dim=0)  # (T, S)
     starts = list(range(0, t, chunk))
-    cols = torch.stack([rows[i0 : i0 + chunk].any(dim=0) for i0 in starts])  # (n, S)
+    if t == 0 or s == 0:
+        return [(i0, min(t, i0 + chunk), 0, 0) for i0 in starts]
+    rows = allowed.any(dim=1).any(dim=0)  # (T, S)
+    pad = len(starts) * chunk - t
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, s)])
+    cols = rows.view(len(starts), chunk, s).any(dim=1)  # (n, S)
     some = cols.any(dim=1)
     first = cols.int().argmax(dim=1)
     last = s - cols.flip(1).int().argmax(dim=1)

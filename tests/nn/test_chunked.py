@@ -234,6 +234,16 @@ def test_key_spans_trim_causal_blocks_and_left_padding():
     assert _key_spans(build_allowed(valid, is_causal=False), chunk=4)[0] == (0, 4, 0, 10)
 
 
+@pytest.mark.parametrize(("t", "s"), [(0, 3), (3, 0)])
+def test_empty_queries_or_keys_give_empty_or_zero_outputs(t, s):
+    q = torch.randn(1, 2, t, 4)
+    k, v = torch.randn(1, 2, s, 4), torch.randn(1, 2, s, 4)
+    allowed = torch.ones(1, 1, t, s, dtype=torch.bool)
+    outs = chunked_attention(q, k, v, allowed, torch.zeros(1, 2, s), 0.0, 2)
+    assert [tuple(o.shape) for o in outs] == [(1, 2, t, 4), (1, 2, t, 4), (1, 2, t), (1, 2, t)]
+    assert all(not o.any() for o in outs)
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     t=st.integers(2, 12),
