@@ -53,6 +53,9 @@ class SequentialRecommender(nn.Module):
             attention) or ``"reference"`` (materialised weights, the spec's
             reference). Same values and gradients. HSTU has its own attention.
         attention_chunk: query block size of the chunked path.
+        gain: ``"group"`` (the spec: a Kalman gain per residual group after
+            ``W_O``) or ``"head"`` (a gain per head before ``W_O``; see
+            ``BFTEncoderLayer``). HSTU supports ``"group"`` only.
     """
 
     causal: ClassVar[bool] = True
@@ -79,6 +82,7 @@ class SequentialRecommender(nn.Module):
         head: str = "dot",
         attention_impl: str = "chunked",
         attention_chunk: int = 256,
+        gain: str = "group",
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
@@ -96,7 +100,7 @@ class SequentialRecommender(nn.Module):
             d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
             precision=precision, groups=groups, q_init=q_init, nu0=nu0,
             attention_gate=attention_gate, attention_impl=attention_impl,
-            attention_chunk=attention_chunk,
+            attention_chunk=attention_chunk, gain=gain,
         )  # fmt: skip
         self.encoder = self.build_encoder(layer_opts, num_layers)
         self.final_norm = nn.LayerNorm(d_model)

@@ -52,6 +52,8 @@ class HSTU(SequentialRecommender):
         opts.pop("dim_feedforward", None)
         opts.pop("attention_impl", None)  # HSTU has its own pointwise attention
         opts.pop("attention_chunk", None)
+        if opts.pop("gain", "group") != "group":
+            raise ValueError("HSTU takes gain='group' only (gain='head': SASRec, BERT4Rec)")
         if opts.pop("attention_gate", None) is not None:
             raise ValueError("HSTU takes no attention_gate: its U projection is the gate")
         layer = HSTULayer(

@@ -161,6 +161,17 @@ def observation_log_precision(
     return -torch.log(s2_z.clamp_min(torch.finfo(torch.float32).tiny))
 
 
+def head_observation_log_precision(sigma2: Tensor, n_eff: Tensor, has_key: Tensor) -> Tensor:
+    """``log lambda_obs[t, a] = log(n_eff / sigma2)`` per head, in the values' units.
+
+    Rows without a valid key get 0 (finite; mask them by ``has_key``).
+    sigma2, n_eff: (B, H, T); has_key: (B, T). Returns (B, H, T).
+    """
+    tiny = torch.finfo(torch.float32).tiny
+    lp = torch.log(n_eff.clamp_min(1.0)) - torch.log(sigma2.clamp_min(tiny))
+    return torch.where(has_key.unsqueeze(1), lp, torch.zeros_like(lp))
+
+
 @torch.no_grad()
 def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: float) -> None:
     """In place: ``s0^2 <- (1 - m) s0^2 + m Var(v)``, the values' per-head variance.

@@ -27,6 +27,7 @@ from bft_lightning.nn.attention import KrigingAttention, KrigingStats, build_all
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
+GAIN_MODES = ("group", "head")
 
 
 def _activation_name(activation: str | Callable[[Tensor], Tensor] | nn.Module) -> str:
@@ -86,6 +87,16 @@ class BFTEncoderLayer(nn.Module):
         attention_chunk: query block size of the ``"chunked"`` path.
         predict_noise: False skips ``Q`` (e.g. a last layer whose precision
             feeds nothing); True adds it.
+        gain: ``"group"`` (the spec: one Kalman gain per residual group, on
+            ``z = W_O e``) or ``"head"`` (one gain per head on its estimate
+            before ``W_O``: ``z = W_O [K_a e_a]_a`` with
+            ``K_a = lambda_obs_a / (lambda_bar_a + lambda_obs_a)``, where
+            ``lambda_obs_a = n_eff / sigma2_a`` is head ``a``'s observation
+            precision and ``lambda_bar_a`` the query's own value precision in
+            that head, the key bias of the attention, both in the values'
+            units, so no delta rule through ``W_O`` is needed; ``W_O``'s bias
+            is not scaled). The posterior precision is the same in both modes.
+            Recorded gains are (B, T, G) or, per head, (B, T, H).
     """
 
     sill: Tensor
@@ -110,6 +121,7 @@ class BFTEncoderLayer(nn.Module):
         attention_impl: str = "reference",
         predict_noise: bool = True,
         attention_chunk: int = 256,
+        gain: str = "group",
     ) -> None:
         super().__init__()
         if not batch_first:
@@ -118,7 +130,14 @@ class BFTEncoderLayer(nn.Module):
             raise ValueError("BFTEncoderLayer supports norm_first=True only (pre-norm)")
         if precision not in PRECISION_MODES:
             raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
-        self.d_model, self.nhead, self.precision = d_model, nhead, precision
+        if gain not in GAIN_MODES:
+            raise ValueError(f"gain must be one of {GAIN_MODES}, got {gain!r}")
+        if gain == "head" and attention_gate is not None:
+            raise ValueError(
+                "gain='head' takes no attention_gate: the gate rescales a head's output, "
+                "which the per-head prior (the value's precision) does not see"
+            )
+        self.d_model, self.nhead, self.precision, self.gain = d_model, nhead, precision, gain
         self.groups = _check_groups(d_model, nhead, groups)
         self.activation = _activation_name(activation)
         self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
@@ -141,7 +160,11 @@ class BFTEncoderLayer(nn.Module):
         self.last_stats: FilterStats | None = None
 
     def extra_repr(self) -> str:
-        return f"precision={self.precision}, groups={self.groups}, activation={self.activation}"
+        extra = f", gain={self.gain}" if self.gain != "group" else ""
+        return (
+            f"precision={self.precision}, groups={self.groups}, activation={self.activation}"
+            + extra
+        )
 
     def _ffn(self, u: Tensor) -> tuple[Tensor, Tensor]:
         a = self.linear1(u)  # (B, T, F)
@@ -211,15 +234,22 @@ class BFTEncoderLayer(nn.Module):
             )
             bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
         allowed = build_allowed(valid, is_causal, attn_mask)
-        z, weights, stats, gate = attn(
+        per_head = self.gain == "head"
+        z, weights, stats, gate = (attn.heads if per_head else attn)(
             self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention
-        )
+        )  # per head: z holds the heads' estimates, not yet through W_O
         assert stats is not None
         with fp32:  # update: the residual as a Kalman update
-            lp_obs, n_eff, has_key = self._observation(stats, gate)
-            gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
+            lp_obs, n_eff, has_key, lp_obs_head = self._observation(stats, gate)
+            if per_head:  # the query's own value precision against its head's observation
+                gain = BF.kalman_gain(bias.transpose(1, 2), lp_obs_head, has_key)  # (B, T, H)
+            else:
+                gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
             lp_post = BF.update_log_precision(lp, lp_obs, has_key)
-        h = h + BF.scale_groups(self.dropout1(z), gain)
+        if per_head:
+            h = h + self.dropout1(attn.out_proj(BF.scale_groups(z, gain)))
+        else:
+            h = h + BF.scale_groups(self.dropout1(z), gain)
         # predict: FFN dynamics plus process noise
         f, a = self._ffn(self.norm2(h))
         with fp32:
@@ -247,8 +277,9 @@ class BFTEncoderLayer(nn.Module):
 
     def _observation(
         self, stats: KrigingStats, gate: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """REML observation precision per residual group, ``n_eff`` and row validity."""
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """REML observation precision per residual group, ``n_eff``, row validity and
+        the observation precision per head (B, T, H)."""
         has_key = (stats.sum_p_sq > 0).any(dim=1)  # (B, T)
         n_eff = BF.kish_n_eff(stats.sum_p_sq)  # (B, H, T)
         spread = BF.expanded_square_spread(stats.second_moment, stats.estimate)
@@ -258,7 +289,9 @@ class BFTEncoderLayer(nn.Module):
             g2 = BF.upcast(gate).square().view(b, t, self.nhead, -1).mean(-1)  # (B, T, H)
             sigma2 = sigma2 * g2.transpose(1, 2)
         p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
-        return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
+        lp_obs = BF.observation_log_precision(sigma2, n_eff, has_key, p_o)
+        lp_obs_head = BF.head_observation_log_precision(sigma2, n_eff, has_key).transpose(1, 2)
+        return lp_obs, n_eff, has_key, lp_obs_head
 
     @torch.no_grad()
     def _update_sill(self, values: Tensor, valid: Tensor) -> None:

@@ -27,7 +27,7 @@ class FilterStats:
     valid: (B, T) bool, positions with positive prior precision
     log_prec: (B, T, G) log lambda, the prior precision entering the layer
     log_prec_obs: (B, T, G) log lambda_obs, observation precision per group
-    gain: (B, T, G) Kalman gain K
+    gain: (B, T, G) Kalman gain K (per head, (B, T, H), with ``gain="head"``)
     n_eff: (B, T, H) Kish effective sample size of the attention row
     log_prec_post: (B, T, G) log lambda' after the update
     jbar: (B, T, G) pooled FFN Jacobian (zeros for layers without an FFN)

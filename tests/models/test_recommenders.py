@@ -140,6 +140,20 @@ def test_bad_options_are_named() -> None:
         SASRec(N, prior="forest")
     with pytest.raises(ValueError, match="mask_prob"):
         BERT4Rec(N, mask_prob=0.0)
+    with pytest.raises(ValueError, match="gain"):
+        HSTU(N, precision="on", gain="head")
+
+
+@pytest.mark.parametrize("cls", [SASRec, BERT4Rec])
+def test_per_head_gain_reaches_every_layer_and_trains(cls) -> None:
+    torch.manual_seed(0)
+    opts = dict(max_len=8, d_model=16, nhead=2, num_layers=2, precision="on")
+    model = cls(30, gain="head", **opts)
+    assert all(layer.gain == "head" for layer in model.encoder.layers)
+    ids = torch.randint(1, 31, (4, 8))
+    h, _ = model.encode(ids)
+    h.square().mean().backward()
+    assert model.prior.log_tau.weight.grad.abs().sum() > 0  # tau reaches the loss via K_a
 
 
 @pytest.mark.parametrize("cls", [SASRec, BERT4Rec, HSTU])

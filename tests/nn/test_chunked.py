@@ -98,13 +98,13 @@ def test_dropout_drops_output_not_statistics():
 
 @pytest.mark.parametrize("groups", [1, 2, 8])
 @pytest.mark.parametrize("causal", [True, False])
-def test_layer_chunked_equals_reference(groups, causal):
+@pytest.mark.parametrize("gain", ["group", "head"])
+def test_layer_chunked_equals_reference(groups, causal, gain):
     """A whole BFT layer (train mode, running sill, padding): outputs and all grads agree."""
     torch.manual_seed(0)
-    ref = BFTEncoderLayer(8, 2, 16, dropout=0.0, groups=groups, attention_impl="reference")
-    chk = BFTEncoderLayer(
-        8, 2, 16, dropout=0.0, groups=groups, attention_impl="chunked", attention_chunk=3
-    )
+    opts = dict(dropout=0.0, groups=groups, gain=gain)
+    ref = BFTEncoderLayer(8, 2, 16, attention_impl="reference", **opts)
+    chk = BFTEncoderLayer(8, 2, 16, attention_impl="chunked", attention_chunk=3, **opts)
     chk.load_state_dict(ref.state_dict())
     h = torch.randn(3, 10, 8)
     log_prec = torch.randn(3, 10, groups)

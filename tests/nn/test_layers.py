@@ -291,3 +291,89 @@ def test_gated_attention_runs_in_both_modes() -> None:
         layer.record = True
         h, _ = layer(torch.randn(2, 4, D), is_causal=True)
         assert torch.isfinite(h).all() and layer.last_stats.gate.shape == (2, 4, D)
+
+
+def _per_head_gain_reference(layer: BFTEncoderLayer, h: torch.Tensor, lp: torch.Tensor):
+    """float64, one head at a time, per channel: the per-head gain layer written out."""
+    attn, d, nh = layer.self_attn, layer.d_model, layer.nhead
+    dh, g = d // nh, lp.shape[-1]
+    b, t, _ = h.shape
+    sigma1 = (h.var(-1, unbiased=False) + layer.norm1.eps).sqrt()  # (B, T)
+    x = layer.norm1(h)
+    q, k, v = torch.nn.functional.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1)
+    var_in = torch.exp(-lp).repeat_interleave(d // g, -1) / sigma1.unsqueeze(-1) ** 2  # (B,T,D)
+    w_v = attn.value_weight * layer.norm1.weight  # gamma folded in
+    var_v = var_in @ w_v.square().t()  # (B, T, D) per value channel
+    lam_bar = 1.0 / var_v.view(b, t, nh, dh).mean(-1)  # (B, T, H)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    heads, gains = [], []
+    for a in range(nh):
+        sl = slice(a * dh, (a + 1) * dh)
+        scores = q[..., sl] @ k[..., sl].transpose(1, 2) / dh**0.5 + lam_bar[:, None, :, a].log()
+        p = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (B, T, T)
+        e = p @ v[..., sl]  # (B, T, dh)
+        spread = (p * (v[..., sl].unsqueeze(1) - e.unsqueeze(2)).square().mean(-1)).sum(-1)
+        n_eff = 1.0 / p.square().sum(-1)
+        sill = layer.sill[a]
+        sigma2 = (layer.nu0 * sill + n_eff * spread) / (layer.nu0 + n_eff - 1.0)
+        lam_obs = n_eff / sigma2
+        k_a = lam_obs / (lam_obs + lam_bar[..., a])  # (B, T)
+        heads.append(k_a.unsqueeze(-1) * e)
+        gains.append(k_a)
+    h1 = h + attn.out_proj(torch.cat(heads, -1))
+    a1 = layer.linear1(layer.norm2(h1))
+    return h1 + layer.linear2(torch.nn.functional.gelu(a1)), torch.stack(gains, -1)
+
+
+@pytest.mark.parametrize("groups", [1, H, D])
+def test_per_head_gain_equals_its_definition(groups: int) -> None:
+    """gain='head': K_a = lambda_obs_a / (lambda_bar_a + lambda_obs_a) on e_a, before W_O."""
+    torch.manual_seed(0)
+    layer = bft_layer(precision="on", gain="head", groups=groups).double().eval()
+    layer.sill = torch.rand(H, dtype=torch.float64) + 0.5  # a trained-looking sill
+    h = torch.randn(2, 6, D, dtype=torch.float64) * 3
+    lp = torch.randn(2, 6, groups, dtype=torch.float64)
+    set_recording(layer, True)
+    y, _ = layer(h, lp, is_causal=True)
+    want, gain = _per_head_gain_reference(layer, h, lp)
+    # the filter's statistics run in float32 (spec section 1), also for float64 inputs
+    torch.testing.assert_close(layer.last_stats.gain.double(), gain, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
+    assert layer.last_stats.gain.shape == (2, 6, H)
+
+
+def test_per_head_gain_keeps_the_posterior_precision() -> None:
+    """The gain's mode changes what the residual adds, not what the filter knows."""
+    grp, head = bft_layer(precision="on").eval(), bft_layer(precision="on", gain="head").eval()
+    head.load_state_dict(grp.state_dict())
+    x, lp = torch.randn(2, 7, D), torch.randn(2, 7, H)
+    for layer in (grp, head):
+        set_recording(layer, True)
+        layer(x, lp, is_causal=True)
+    s0, s1 = grp.last_stats, head.last_stats
+    torch.testing.assert_close(s1.log_prec_obs, s0.log_prec_obs)
+    torch.testing.assert_close(s1.log_prec_post, s0.log_prec_post)
+    assert not torch.allclose(s1.gain, s0.gain)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_head_gain_padding_and_empty_rows(causal: bool) -> None:
+    enc = BFTEncoder(bft_layer(precision="on", gain="head"), num_layers=2).eval()
+    x, lp = torch.randn(1, 5, D), torch.randn(1, 5, H)
+    junk = torch.randn(1, 3, D) * 100
+    pad = torch.arange(8).unsqueeze(0) < 3
+    y0 = enc(x, is_causal=causal, log_precision=lp)
+    y1 = enc(torch.cat([junk, x], 1), src_key_padding_mask=pad, is_causal=causal,
+             log_precision=torch.cat([torch.randn(1, 3, H), lp], 1))  # fmt: skip
+    torch.testing.assert_close(y1[:, 3:], y0, rtol=1e-4, atol=1e-5)
+    layer = enc.layers[0]
+    set_recording(layer, True)
+    layer(torch.cat([junk, x], 1), key_padding_mask=pad, is_causal=True)
+    assert (layer.last_stats.gain[0, :3] == 0).all() and (layer.last_stats.gain[0, 3:] > 0).all()
+
+
+def test_per_head_gain_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="gain must be one of"):
+        bft_layer(precision="on", gain="channel")
+    with pytest.raises(ValueError, match="attention_gate"):
+        bft_layer(precision="on", gain="head", attention_gate="sigmoid")
