@@ -70,7 +70,8 @@ def test_chunked_gradcheck_with_dropout_on_cuda():
     q, k, v, bias, allowed = _kriging_inputs(2, 2, 6, 3, True, "cuda")
     args = [x.requires_grad_() for x in (q, k, v, bias)]
     assert torch.autograd.gradcheck(
-        lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, 0.3, 4, 1234), args
+        lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, 0.3, 4, 1234, False),
+        args,
     )
 
 

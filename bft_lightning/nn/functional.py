@@ -306,6 +306,65 @@ def activation_derivative(a: Tensor, activation: str) -> Tensor:
     raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
 
 
+def _gelu_second_derivative(af: Tensor) -> Tensor:
+    """``phi''(a) = phi(a) (2 - a^2)`` of the exact GELU, float32 ``af``, fresh buffers."""
+    sq = af.square()
+    pdf = sq.mul(-0.5).exp_().mul_(_INV_SQRT_2PI)
+    return pdf.mul_(sq.neg_().add_(2.0))
+
+
+class _ActivationJacobianProduct(torch.autograd.Function):
+    """``phi'(a) @ M`` that keeps ``a`` and ``M`` only, not the (B, T, F) ``phi'(a)``.
+
+    A plain ``activation_derivative(a) @ m`` saves ``phi'(a)`` for ``M``'s
+    gradient: one more (B, T, F) float32 activation per layer, as large as the
+    FFN's own. Here the backward recomputes ``phi'(a)`` from ``a`` (which the
+    FFN keeps anyway): ``dM = phi'(a)^T g`` and ``da = (g M^T) phi''(a)``.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, m: Tensor, activation: str) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, m)
+        ctx.activation = activation
+        return _activation_derivative_eager(a, activation) @ m
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+        a, m = ctx.saved_tensors
+        needs_a, needs_m, _ = ctx.needs_input_grad
+        grad_a = grad_m = None
+        if needs_m:
+            dphi = _activation_derivative_eager(a, ctx.activation)
+            grad_m = dphi.reshape(-1, dphi.shape[-1]).t() @ grad.reshape(-1, grad.shape[-1])
+        if needs_a and ctx.activation == "gelu":  # relu: phi'' = 0, no gradient to a
+            grad_a = (grad @ m.t()).mul_(_gelu_second_derivative(upcast(a))).to(a.dtype)
+        return grad_a, grad_m, None
+
+
+def _activation_derivative_eager(a: Tensor, activation: str) -> Tensor:
+    """``phi'(a)`` in float32 with no graph (the caller differentiates)."""
+    af = upcast(a.detach())
+    if activation == "relu":
+        return (af > 0).to(af.dtype)
+    cdf = torch.erf(af * _INV_SQRT2).mul_(0.5).add_(0.5)
+    return cdf.add_(af.square().mul_(-0.5).exp_().mul_(af).mul_(_INV_SQRT_2PI))
+
+
+def activation_jacobian_product(a: Tensor, m: Tensor, activation: str) -> Tensor:
+    """``phi'(a) @ M`` (B, T, G) float32 for ``a`` (B, T, F) and ``M`` (F, G).
+
+    The same values and gradients as ``activation_derivative(a, activation) @ m``
+    without keeping the (B, T, F) derivative for the backward (eager mode; a
+    traced graph uses the plain ops, which inductor fuses and plans itself).
+    """
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    if torch.compiler.is_compiling():
+        return upcast(activation_derivative(a, activation)) @ m
+    return _ActivationJacobianProduct.apply(a, m, activation)
+
+
 def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:
     """The norm's own denominator per token: std for LayerNorm, rms for RMSNorm.
 

@@ -256,10 +256,8 @@ class BFTEncoderLayer(nn.Module):
             m = BF.ffn_jacobian_matrix(
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
             )
-            jbar = BF.pooled_jacobian(
-                BF.activation_derivative(a, self.activation), m,  # both upcast inside
-                BF.norm_sigma(h, self.norm2.eps),
-            )  # fmt: skip
+            sigma2 = BF.norm_sigma(h, self.norm2.eps).unsqueeze(-1)  # (B, T, 1) float32
+            jbar = BF.activation_jacobian_product(a, m, self.activation) / sigma2  # (B, T, G)
             q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
             lp_out = BF.predict_log_precision(lp_post, jbar, q)
         h = h + self.dropout2(f)

@@ -69,14 +69,29 @@ def test_values_and_gradients_equal_reference(b, h, t, dh, causal, pad, chunk, s
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_gradcheck_with_dropout(dropout):
-    """The backward regenerates the forward's dropout mask: gradcheck passes with dropout."""
+@pytest.mark.parametrize(("chunk", "keep"), [(4, False), (8, False), (8, True)])
+def test_gradcheck_with_dropout(dropout, chunk, keep):
+    """The backward regenerates (or keeps) the forward's dropout mask: gradcheck passes."""
     q, k, v, bias, allowed = _inputs(2, 2, 6, 3, True, 2, 0)
     args = [x.requires_grad_() for x in (q, k, v, bias)]
     assert torch.autograd.gradcheck(
-        lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, dropout, 4, 1234),
+        lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, dropout, chunk, 1234, keep),
         args,
     )
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_kept_weights_equal_recomputed(dropout):
+    """One block: keeping the weights and mask for the backward changes nothing but time."""
+    q, k, v, bias, allowed = _inputs(2, 2, 12, 4, True, 3, 1)
+    results = []
+    for keep in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+        outs = _ChunkedKriging.apply(*leaves, allowed, dropout, 16, 99, keep)
+        sum(o.square().sum() * (i + 1) for i, o in enumerate(outs)).backward()
+        results.append([*outs, *(x.grad for x in leaves)])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dropout", [0.1, 0.5, 0.9])
@@ -286,7 +301,9 @@ def test_banded_masks_equal_reference(t, window, chunk, dropout, seed):
     leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
     if dropout > 0:  # the hand-written backward against finite differences
         assert torch.autograd.gradcheck(
-            lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, dropout, chunk, seed),
+            lambda q, k, v, b: _ChunkedKriging.apply(
+                q, k, v, b, allowed, dropout, chunk, seed, False
+            ),
             leaves,
         )
         return

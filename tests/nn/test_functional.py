@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bft_lightning.nn import functional as BF
@@ -177,3 +178,34 @@ def test_traced_formulas_equal_the_hand_written_functions(monkeypatch) -> None:
         assert f0 != f1, (name, f0)  # the two paths really differ
         torch.testing.assert_close(v1, v0, msg=name)
         torch.testing.assert_close(g1, g0, msg=name)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_activation_jacobian_product_keeps_only_a_and_m(activation: str) -> None:
+    """phi'(a) @ M: the values and gradients of the plain product, and nothing of
+    (B, T, F) kept for the backward but ``a`` itself."""
+    a = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
+    m = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
+    got = BF.activation_jacobian_product(a, m, activation)
+    a2, m2 = a.detach().clone().requires_grad_(), m.detach().clone().requires_grad_()
+    if activation == "gelu":
+        (dphi,) = torch.autograd.grad(torch.nn.functional.gelu(a2).sum(), a2, create_graph=True)
+    else:
+        dphi = (a2 > 0).to(a2.dtype)
+    want = dphi @ m2
+    torch.testing.assert_close(got, want)
+    w = torch.randn_like(got)
+    inputs = ((a, m), (a2, m2)) if activation == "gelu" else ((m,), (m2,))  # relu: phi'' = 0
+    torch.testing.assert_close(
+        torch.autograd.grad((got * w).sum(), inputs[0]),
+        torch.autograd.grad((want * w).sum(), inputs[1]),
+    )
+    if activation == "gelu":
+        assert torch.autograd.gradcheck(
+            lambda x, y: BF.activation_jacobian_product(x, y, "gelu"), (a, m)
+        )
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        BF.activation_jacobian_product(a, m, activation)
+    big = [t for t in saved if t.shape == a.shape]
+    assert len(big) == 1 and big[0] is a
