@@ -1,0 +1,83 @@
+"""bench/select_by_validation.py: each twin's setting chosen on validation, paired on test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+SCRIPT = Path(__file__).parents[2] / "bench" / "select_by_validation.py"
+USERS, ITEMS = 400, 60
+
+
+def fake_run(base: Path, table: str, variant: str, seed: int, ranks, val: list[float] | None):
+    """A finished run as reproduce_rec.py leaves it (ranks, strata inputs, log)."""
+    out = base / table / f"{variant}_s{seed}"
+    out.mkdir(parents=True)
+    rng = np.random.default_rng(0)  # the same users and targets for every run
+    np.save(out / "targets.npy", rng.integers(1, ITEMS + 1, USERS))
+    np.save(out / "item_frequency.npy", np.arange(ITEMS + 1))
+    np.save(out / "history_len.npy", rng.integers(2, 40, USERS))
+    np.save(out / "ranks.npy", ranks)
+    (out / "summary.json").write_text(json.dumps({"hardware": "cpu", "metrics": {}}))
+    (out / "fit_done").write_text("{}")
+    if val is not None:
+        writer = SummaryWriter(str(out / "tb" / "version_0"))
+        for step, v in enumerate(val):
+            writer.add_scalar("val/ndcg@10", v, step)
+        writer.close()
+
+
+def run_script(base: Path, *args: str) -> tuple[str, dict]:
+    out = base / "table.md"
+    cmd = [sys.executable, str(SCRIPT), "--runs-dir", str(base), "--out", str(out), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out.read_text(), json.loads(out.with_suffix(".json").read_text())
+
+
+def test_chooses_each_twins_best_validation_setting_and_pairs_on_test(tmp_path):
+    rng = np.random.default_rng(1)
+    ranks = {
+        name: [rng.integers(0, 30, USERS) for _ in range(2)]
+        for name in ("a_off", "b_off", "a_on", "b_on")
+    }
+    vals = {"a_off": 0.040, "b_off": 0.045, "a_on": 0.050, "b_on": 0.030}
+    for name, per_seed in ranks.items():
+        table, variant = name.split("_")
+        for seed, r in enumerate(per_seed):
+            fake_run(tmp_path, table, variant, seed, r, [0.01, vals[name] + 0.001 * seed, 0.02])
+    text, result = run_script(
+        tmp_path, "--off", "a:off", "b:off", "--on", "a:on", "b:on", "--seeds", "0", "1"
+    )
+    c = result["comparison"]
+    assert (c["off"], c["on"]) == ("b:off", "a:on")  # the best validation, not the first
+    hr = {k: np.mean([(r < 10).astype(float) for r in v], axis=0) for k, v in ranks.items()}
+    d = hr["a_on"] - hr["b_off"]
+    assert c["delta_hr10"][0] == pytest.approx(d.mean())
+    assert c["delta_hr10"][1] == pytest.approx(d.std(ddof=1) / np.sqrt(USERS))
+    per_seed = [(ranks["a_on"][s] < 10).mean() - (ranks["b_off"][s] < 10).mean() for s in (0, 1)]
+    assert c["per_seed_delta_hr10"] == pytest.approx(per_seed)
+    row = next(r for r in result["settings"] if r["table"] == "b" and r["twin"] == "off")
+    assert row["val_ndcg10"] == pytest.approx(0.0455, abs=1e-6)  # mean of each run's best
+    assert "**b:off**" in text and "**a:on**" in text
+
+
+def test_runs_without_a_validation_log_are_left_out_of_the_choice_only(tmp_path):
+    rng = np.random.default_rng(2)
+    for seed in range(3):
+        logged = seed > 0  # seed 0 came back without its log
+        fake_run(tmp_path, "t", "off", seed, rng.integers(0, 30, USERS), [0.04] if logged else None)
+        fake_run(tmp_path, "t", "on", seed, rng.integers(0, 30, USERS), [0.05])
+    _, result = run_script(tmp_path, "--off", "t:off", "--on", "t:on", "--seeds", "0", "1", "2")
+    off = next(r for r in result["settings"] if r["twin"] == "off")
+    assert off["val_seeds"] == [1, 2] and off["seeds"] == [0, 1, 2]
+    cmd = [sys.executable, str(SCRIPT), "--runs-dir", str(tmp_path), "--off", "t:off",
+           "--on", "t:on", "--seeds", "0", "1", "2", "--min-val-seeds", "3"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0 and "t:off" in done.stderr and "[1, 2]" in done.stderr
