@@ -13,9 +13,9 @@ same-seed differences. Nothing is trained here; it reads
 (the best validation NDCG@10 from each run's TensorBoard log).
 
     python bench/select_by_validation.py --off beauty_sasrec:off beauty_sasrec_dropout05:off \\
-        --on beauty_sasrec:on_frequency beauty_sasrec:on_tau_lr10 \\
-             beauty_sasrec_dropout05:on_frequency beauty_sasrec_dropout05:on_tau_lr10 \\
-        --seeds 0 1 2 --out results/rec/beauty_sasrec_tuned.md
+        --on beauty_sasrec:on_tau_lr10 beauty_sasrec_dropout05:on_frequency \\
+             beauty_sasrec_dropout05:on_tau_lr10 \\
+        --seeds 0 1 2 3 --out results/rec/selected/beauty_sasrec.md
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ def main() -> None:
     text = render(rows, chosen, comparison, args)
     print(text)
     if args.out:
-        out = Path(args.out)
+        out = Path(args.out)  # not beside reproduce_rec.py's tables: its summary reads those
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         out.with_suffix(".json").write_text(
             json.dumps({"settings": rows, "comparison": comparison}, indent=1)
