@@ -4,8 +4,9 @@
 research issue's "at the models' best settings": from finished runs of
 several settings (a setting = a runs table and a variant, e.g. dropout 0.2 or
 0.5, tau at 1x or 10x the learning rate), it picks for each twin the setting
-with the highest mean best-validation NDCG@10 over the seeds every setting
-has (the metric the protocol stops and checkpoints on), then reports the test
+with the highest mean best-validation NDCG@10 (the metric the protocol stops
+and checkpoints on) over the seeds on which every setting of that twin kept
+its validation log, then reports the test
 metrics of all settings and the paired difference of the two selected ones
 on the same test users: overall, rarest items (Q0) and cold users, with the
 same-seed differences. Nothing is trained here; it reads
@@ -136,15 +137,25 @@ def main() -> None:
         raise SystemExit("no run saved history_len.npy: cold users cannot be told apart")
     q0, cold = strata_of(reference, lengths[0])
 
+    # the choice within a twin is made on the seeds every one of its settings logged,
+    # so a setting is never preferred for a seed it lacks
+    common = {
+        twin: [
+            s for s in args.seeds
+            if all(runs[s]["val"] is not None for (t, *_), runs in data.items() if t == twin)
+        ]
+        for twin in ("off", "on")
+    }  # fmt: skip
     rows = []
     for (twin, table, variant), runs in data.items():
         hr, nd, _ = per_user(runs, args.seeds)
         seen = (np.stack([runs[s]["ranks"] for s in args.seeds]) >= 0).all(0)
-        logged = [s for s in args.seeds if runs[s]["val"] is not None]
+        logged = common[twin]
         if len(logged) < args.min_val_seeds:
+            have = [s for s in args.seeds if runs[s]["val"] is not None]
             raise SystemExit(
-                f"{table}:{variant}: validation logged by seeds {logged} only; "
-                f"--min-val-seeds {args.min_val_seeds}"
+                f"{twin} twin: validation logged by every setting on seeds {logged} only "
+                f"({table}:{variant} has {have}); --min-val-seeds {args.min_val_seeds}"
             )
         rows.append({
             "twin": twin, "table": table, "variant": variant, "seeds": args.seeds,
@@ -205,9 +216,9 @@ def render(rows: list[dict], chosen: dict, comparison: dict, args: argparse.Name
         f"Command: `{command}`",
         "",
         "Per twin, the setting with the highest mean best-validation NDCG@10 (the metric "
-        "the protocol stops and checkpoints on) is chosen, over the seeds whose runs kept "
-        "their validation log (runs trained on a GPU machine came back with ranks and "
-        "summaries only); test numbers are over seeds "
+        "the protocol stops and checkpoints on) is chosen, over the seeds on which every "
+        "setting of that twin kept its validation log (runs trained on a GPU machine came "
+        "back with ranks and summaries only); test numbers are over seeds "
         f"{', '.join(map(str, args.seeds))}, each run at its best-validation checkpoint. "
         "The settings' tables in `results/rec/` say how each was trained.",
         "",

@@ -136,9 +136,11 @@ def _keep_bits(p: Tensor, dropout_p: float, seed: int, index: int) -> tuple[Tens
     n = round((1.0 - dropout_p) * _MASK_LEVELS)
     if n == 0:
         return torch.zeros_like(p, dtype=torch.bool), 0.0
+    if n == _MASK_LEVELS:  # dropout_p below 2^-17: every weight kept (the threshold
+        return torch.ones_like(p, dtype=torch.bool), 1.0  # 2^15 would not fit in int16)
     count = p.numel()
     words = torch.empty((count + 3) // 4, dtype=torch.int64, device=p.device)
-    words.random_(-(2**63), 2**63 - 1, generator=gen)  # the full 64-bit range
+    words.random_(-(2**63), None, generator=gen)  # the full 64-bit range
     bits = words.view(torch.int16)[:count].view(p.shape)  # uniform on -2^15 .. 2^15 - 1
     threshold = n - _MASK_LEVELS // 2  # P(bits < threshold) = n / 2^16
     return bits < threshold, _keep_factor(dropout_p)
@@ -285,6 +287,9 @@ def chunked_attention(
     seed = int(torch.randint(0, 2**62, (1,), device="cpu").item()) if dropout_p > 0 else 0
     if keep_weights is None:
         keep_weights = q.device.type == "cpu"
+    # under autocast the kept weights would be in the autocast dtype while the
+    # backward's incoming gradients are not: recompute there
+    keep_weights = keep_weights and not torch.is_autocast_enabled(q.device.type)
     out, e_aug, sum_p_sq = _ChunkedKriging.apply(
         q, k, v, bias, allowed, float(dropout_p), int(chunk_size), seed, bool(keep_weights)
     )

@@ -76,8 +76,26 @@ def test_runs_without_a_validation_log_are_left_out_of_the_choice_only(tmp_path)
         fake_run(tmp_path, "t", "on", seed, rng.integers(0, 30, USERS), [0.05])
     _, result = run_script(tmp_path, "--off", "t:off", "--on", "t:on", "--seeds", "0", "1", "2")
     off = next(r for r in result["settings"] if r["twin"] == "off")
+    on = next(r for r in result["settings"] if r["twin"] == "on")
     assert off["val_seeds"] == [1, 2] and off["seeds"] == [0, 1, 2]
+    assert on["val_seeds"] == [0, 1, 2]  # the other twin's missing log does not matter
     cmd = [sys.executable, str(SCRIPT), "--runs-dir", str(tmp_path), "--off", "t:off",
            "--on", "t:on", "--seeds", "0", "1", "2", "--min-val-seeds", "3"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode != 0 and "t:off" in done.stderr and "[1, 2]" in done.stderr
+
+
+def test_settings_are_compared_on_the_seeds_all_of_them_logged(tmp_path):
+    """A setting missing its worst seed's log must not win on its remaining seeds."""
+    rng = np.random.default_rng(3)
+    vals = {"a": [None, 0.040, 0.040], "b": [0.020, 0.045, 0.045]}  # b better on 1, 2
+    for table, per_seed in vals.items():
+        for seed, v in enumerate(per_seed):
+            fake_run(tmp_path, table, "off", seed, rng.integers(0, 30, USERS), v and [v])
+    for seed in range(3):
+        fake_run(tmp_path, "a", "on", seed, rng.integers(0, 30, USERS), [0.05])
+    _, result = run_script(
+        tmp_path, "--off", "a:off", "b:off", "--on", "a:on", "--seeds", "0", "1", "2"
+    )
+    assert result["comparison"]["off"] == "b:off"
+    assert all(r["val_seeds"] == [1, 2] for r in result["settings"] if r["twin"] == "off")

@@ -113,6 +113,7 @@ def test_keep_mask_rate_scale_and_lanes(dropout):
     torch.testing.assert_close(_keep_mask(p, dropout, 7, 3), mask)
     assert not torch.equal(_keep_mask(p, dropout, 7, 4), mask)
     assert (_keep_mask(p, 1.0, 7, 3) == 0).all()
+    assert (_keep_mask(p, 1e-6, 7, 3) == 1).all()  # keep rounds to 1: all kept, factor 1
 
 
 def test_dropout_drops_output_not_statistics():
@@ -315,3 +316,14 @@ def test_banded_masks_equal_reference(t, window, chunk, dropout, seed):
         torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(want.sum(), leaves_ref)
     ):
         torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-10)
+
+
+def test_direct_call_under_autocast_recomputes_and_backpropagates():
+    """Kept weights would be bf16 against float32 gradients: under autocast the
+    one-block call recomputes instead, and its backward runs."""
+    q, k, v, bias, allowed = _inputs(2, 2, 8, 4, True, 2, 3, dtype=torch.float32)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = chunked_attention(*leaves[:3], allowed, leaves[3], 0.2, 16, keep_weights=True)
+    sum(o.float().square().sum() for o in out).backward()
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
