@@ -69,6 +69,10 @@ VARIANTS = {
     "on_tau_lr10": ("on", ["--model.init_args.prior_lr_scale=10"]),
     # one Kalman gain per head, before W_O (the spec: per residual group, after W_O)
     "on_gain_head": ("on", [_LR1, "--model.init_args.backbone.init_args.gain=head"]),
+    "on_gain_head_lr10": (
+        "on",
+        ["--model.init_args.prior_lr_scale=10", "--model.init_args.backbone.init_args.gain=head"],
+    ),  # the per-head gain on top of SASRec's default (tau at 10x lr)
     # prior scale c = 8 (log c ~ 2.1) instead of 1 / mean Var(h0): BERT4Rec's unscaled
     # embeddings put log c at ~7.2, far above its layer-0 log lambda_obs (~1.5), so the
     # first layer's Kalman gain was ~0.01 (FINDINGS.md)
