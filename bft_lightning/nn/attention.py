@@ -211,27 +211,15 @@ class KrigingAttention(nn.Module):
         bias: Tensor | None = None,
         with_stats: bool = False,
         need_weights: bool = False,
+        project: bool = True,
     ) -> tuple[Tensor, Tensor | None, KrigingStats | None, Tensor | None]:
         """x: (B, T, d) normed input; allowed: (B, 1, T, T); bias: (B, H, T).
 
         Returns ``z = W_O e`` (B, T, d), the weights (B, H, T, T) or None, the
-        statistics or None, and the gate values (B, T, d) or None.
-        """
-        out, weights, stats, gate = self.heads(x, allowed, bias, with_stats, need_weights)
-        return self.out_proj(out), weights, stats, gate
-
-    def heads(
-        self,
-        x: Tensor,
-        allowed: Tensor,
-        bias: Tensor | None = None,
-        with_stats: bool = False,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None, KrigingStats | None, Tensor | None]:
-        """``forward`` before ``W_O``: the heads' outputs side by side (B, T, d).
-
-        Head ``a`` holds channels ``a d_h .. (a + 1) d_h - 1`` (gated, if a gate
-        is set), so a per-head factor can be applied before ``out_proj``.
+        statistics or None, and the gate values (B, T, d) or None. With
+        ``project=False``, ``e`` itself: the heads' outputs side by side before
+        ``W_O`` (head ``a`` in channels ``a d_h .. (a + 1) d_h - 1``, gated if a
+        gate is set), for a per-head factor applied before ``out_proj``.
         """
         b, t, d = x.shape
         q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
@@ -245,4 +233,6 @@ class KrigingAttention(nn.Module):
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(x))
             out = out * gate
+        if project:
+            out = self.out_proj(out)
         return out, weights if need_weights else None, stats, gate

@@ -235,9 +235,11 @@ class BFTEncoderLayer(nn.Module):
             bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
         allowed = build_allowed(valid, is_causal, attn_mask)
         per_head = self.gain == "head"
-        z, weights, stats, gate = (attn.heads if per_head else attn)(
-            self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention
-        )  # per head: z holds the heads' estimates, not yet through W_O
+        # per head: z holds the heads' estimates, not yet through W_O
+        z, weights, stats, gate = attn(
+            self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention,
+            project=not per_head,
+        )  # fmt: skip
         assert stats is not None
         with fp32:  # update: the residual as a Kalman update
             lp_obs, n_eff, has_key, lp_obs_head = self._observation(stats, gate)
