@@ -199,8 +199,9 @@ class _ChunkedKriging(torch.autograd.Function):
         g_e: Tensor | None,
         g_p: Tensor | None,
     ) -> tuple[Tensor | None, ...]:
-        saved: tuple[Tensor | None, ...] = ctx.saved_tensors  # type: ignore[attr-defined]
-        q, k, v, bias, allowed, kept_p, kept_has_key, kept_bits = saved
+        saved = ctx.saved_tensors  # type: ignore[attr-defined]
+        q, k, v, bias, allowed = saved[:5]
+        kept_p, kept_has_key, kept_bits = saved[5:]  # None unless one block was kept
         dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
         spans: list[Span] = ctx.spans  # type: ignore[attr-defined]
         seed: int = ctx.seed  # type: ignore[attr-defined]
