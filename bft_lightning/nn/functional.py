@@ -273,18 +273,12 @@ class _GeluDerivative(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(a)
-        af = upcast(a)
-        # in place on two fresh buffers: this runs over (B, T, F) every step
-        cdf = torch.erf(af * _INV_SQRT2).mul_(0.5).add_(0.5)
-        return cdf.add_(af.square().mul_(-0.5).exp_().mul_(af).mul_(_INV_SQRT_2PI))
+        return _activation_derivative_eager(a, "gelu")
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
         (a,) = ctx.saved_tensors
-        af = upcast(a)
-        sq = af.square()
-        pdf = sq.mul(-0.5).exp_().mul_(_INV_SQRT_2PI)
-        return (grad * pdf.mul_(sq.neg_().add_(2.0))).to(a.dtype)
+        return (grad * _gelu_second_derivative(upcast(a))).to(a.dtype)
 
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -347,6 +341,7 @@ def _activation_derivative_eager(a: Tensor, activation: str) -> Tensor:
     af = upcast(a.detach())
     if activation == "relu":
         return (af > 0).to(af.dtype)
+    # in place on two fresh buffers: this runs over (B, T, F) every step
     cdf = torch.erf(af * _INV_SQRT2).mul_(0.5).add_(0.5)
     return cdf.add_(af.square().mul_(-0.5).exp_().mul_(af).mul_(_INV_SQRT_2PI))
 
