@@ -242,8 +242,8 @@ class BFTEncoderLayer(nn.Module):
         )  # fmt: skip
         assert stats is not None
         with fp32:  # update: the residual as a Kalman update
-            lp_obs, n_eff, has_key, lp_obs_head = self._observation(stats, gate)
-            if per_head:  # the query's own value precision against its head's observation
+            lp_obs, n_eff, has_key, lp_obs_head = self._observation(stats, gate, per_head)
+            if lp_obs_head is not None:  # the query's own value precision against its head's
                 gain = BF.kalman_gain(bias.transpose(1, 2), lp_obs_head, has_key)  # (B, T, H)
             else:
                 gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
@@ -258,8 +258,8 @@ class BFTEncoderLayer(nn.Module):
             m = BF.ffn_jacobian_matrix(
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
             )
-            sigma2 = BF.norm_sigma(h, self.norm2.eps).unsqueeze(-1)  # (B, T, 1) float32
-            jbar = BF.activation_jacobian_product(a, m, self.activation) / sigma2  # (B, T, G)
+            sigma_norm2 = BF.norm_sigma(h, self.norm2.eps).unsqueeze(-1)  # (B, T, 1) float32
+            jbar = BF.activation_jacobian_product(a, m, self.activation) / sigma_norm2
             q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
             lp_out = BF.predict_log_precision(lp_post, jbar, q)
         h = h + self.dropout2(f)
@@ -276,10 +276,10 @@ class BFTEncoderLayer(nn.Module):
         return h, BF.with_padding(lp_out, valid)
 
     def _observation(
-        self, stats: KrigingStats, gate: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """REML observation precision per residual group, ``n_eff``, row validity and
-        the observation precision per head (B, T, H)."""
+        self, stats: KrigingStats, gate: Tensor | None, per_head: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """REML observation precision per residual group, ``n_eff``, row validity and,
+        with ``per_head``, the observation precision per head (B, T, H), else None."""
         has_key = (stats.sum_p_sq > 0).any(dim=1)  # (B, T)
         n_eff = BF.kish_n_eff(stats.sum_p_sq)  # (B, H, T)
         spread = BF.expanded_square_spread(stats.second_moment, stats.estimate)
@@ -290,7 +290,9 @@ class BFTEncoderLayer(nn.Module):
             sigma2 = sigma2 * g2.transpose(1, 2)
         p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
         lp_obs = BF.observation_log_precision(sigma2, n_eff, has_key, p_o)
-        lp_obs_head = BF.head_observation_log_precision(sigma2, n_eff, has_key).transpose(1, 2)
+        lp_obs_head = None
+        if per_head:
+            lp_obs_head = BF.head_observation_log_precision(sigma2, n_eff, has_key).transpose(1, 2)
         return lp_obs, n_eff, has_key, lp_obs_head
 
     @torch.no_grad()
