@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn.attention import KrigingStats
@@ -160,8 +161,75 @@ def swiglu_pooled_jacobian(
     ``sigma2`` is RMSNorm2's denominator (the rms of ``h'``).
 
     a = W1 u, b = W3 u: (B, T, F); norm_sigma: (B, T). Returns (B, T, G) float32.
+
+    In eager mode the two products run as one Function that keeps only ``a``,
+    ``b`` (which SwiGLU keeps for its own backward) and the matrices; the plain
+    ops would keep three more (B, T, F) float32 tensors a layer (``silu'(a)``,
+    ``silu'(a) b`` and ``silu(a)``), which at Llama widths (F = 5632) are the
+    largest activations of the layer. A traced graph uses the plain ops.
     """
-    weighted_gate = silu_derivative(a) * BF.upcast(b)
-    return BF.pooled_jacobian(weighted_gate, m1, norm_sigma) + BF.pooled_jacobian(
-        F.silu(BF.upcast(a)), m3, norm_sigma
-    )
+    if torch.compiler.is_compiling():
+        af = BF.upcast(a)
+        s = torch.sigmoid(af)
+        weighted_gate = s * (1.0 + af * (1.0 - s)) * BF.upcast(b)
+        product = weighted_gate @ m1 + F.silu(af) @ m3
+    else:
+        product = _SwigluJacobianProduct.apply(a, b, m1, m3)
+    return product / BF.upcast(norm_sigma).unsqueeze(-1)
+
+
+class _SwigluJacobianProduct(torch.autograd.Function):
+    """``(silu'(a) b) @ M1 + silu(a) @ M3`` (B, T, G) float32, keeping ``a, b, M1, M3`` only.
+
+    Backward, with ``g`` the output's gradient, ``s' = silu'(a)``, ``s'' = silu''(a)``:
+    ``dM1 = (s' b)^T g``, ``dM3 = silu(a)^T g``, ``da = (g M1^T) s'' b + (g M3^T) s'``,
+    ``db = (g M1^T) s'``; ``s'`` and ``s''`` are recomputed from ``a``.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, m1: Tensor, m3: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, b, m1, m3)
+        with torch.autocast(a.device.type, enabled=False):  # float32 under autocast too
+            af, bf = BF.upcast(a.detach()), BF.upcast(b.detach())
+            m1f, m3f = m1.detach().to(af.dtype), m3.detach().to(af.dtype)
+            s = torch.sigmoid(af)
+            silu = af * s
+            weighted_gate = silu.mul(1.0 - s).add_(s).mul_(bf)  # s (1 + a (1 - s)) b
+            return torch.addmm(
+                (silu @ m3f).reshape(-1, m3.shape[-1]),
+                weighted_gate.reshape(-1, weighted_gate.shape[-1]),
+                m1f,
+            ).reshape(*a.shape[:-1], m1.shape[-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        a, b, m1, m3 = ctx.saved_tensors
+        with torch.autocast(a.device.type, enabled=False):
+            return _SwigluJacobianProduct._grads(ctx.needs_input_grad, grad, a, b, m1, m3)
+
+    @staticmethod
+    def _grads(
+        needs: tuple[bool, ...], grad: Tensor, a: Tensor, b: Tensor, m1: Tensor, m3: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        need_a, need_b, need_m1, need_m3 = needs
+        af, bf = BF.upcast(a), BF.upcast(b)
+        grad = grad.to(af.dtype)
+        m1f, m3f = m1.to(af.dtype), m3.to(af.dtype)
+        s = torch.sigmoid(af)
+        d1 = s * (1.0 + af * (1.0 - s))  # silu'(a)
+        g2 = grad.reshape(-1, grad.shape[-1])
+        flat = (-1, a.shape[-1])
+        grad_a = grad_b = grad_m1 = grad_m3 = None
+        if need_m1:
+            grad_m1 = ((d1 * bf).reshape(flat).t() @ g2).to(m1.dtype)
+        if need_m3:
+            grad_m3 = ((af * s).reshape(flat).t() @ g2).to(m3.dtype)
+        if need_a or need_b:
+            via_m1 = grad @ m1f.t()  # (B, T, F)
+            if need_b:
+                grad_b = (via_m1 * d1).to(b.dtype)
+            if need_a:
+                d2 = s * (1.0 - s) * (2.0 + af * (1.0 - 2.0 * s))  # silu''(a)
+                grad_a = via_m1.mul_(d2).mul_(bf).add_((grad @ m3f.t()).mul_(d1)).to(a.dtype)
+        return grad_a, grad_b, grad_m1, grad_m3

@@ -421,3 +421,60 @@ def test_statistics_are_float32_under_bf16_autocast(impl: str) -> None:
     stats = [layer.last_stats for _, layer in find_filter_layers(models[impl])]
     assert all(st is not None and st.gain.dtype == torch.float32 for st in stats)
     torch.testing.assert_close(lp[impl], lp["chunked"], atol=2e-3, rtol=2e-3)
+
+
+def _plain_swiglu_product(a, b, m1, m3, sigma):
+    (d1,) = torch.autograd.grad(F.silu(a).sum(), a, create_graph=True)
+    return ((d1 * b) @ m1 + F.silu(a) @ m3) / sigma.unsqueeze(-1)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_swiglu_pooled_jacobian_keeps_only_a_and_b(traced: bool, monkeypatch) -> None:
+    """The fused Function (eager) and the plain ops (traced) give the values and
+    gradients of autograd's own silu', and the eager path keeps no (B, T, F) tensor
+    for the backward but ``a`` and ``b``."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
+    torch.manual_seed(0)
+    leaves = [
+        torch.randn(2, 5, 12, dtype=torch.float64) * 3,
+        torch.randn(2, 5, 12, dtype=torch.float64),
+        torch.randn(12, 3, dtype=torch.float64),
+        torch.randn(12, 3, dtype=torch.float64),
+        torch.rand(2, 5, dtype=torch.float64) + 0.5,
+    ]
+    mine = [t.clone().requires_grad_() for t in leaves]
+    ref = [t.clone().requires_grad_() for t in leaves]
+    got = FL.swiglu_pooled_jacobian(*mine)
+    want = _plain_swiglu_product(*ref)
+    torch.testing.assert_close(got, want)
+    w = torch.randn_like(got)
+    for g1, g2 in zip(
+        torch.autograd.grad((got * w).sum(), mine), torch.autograd.grad((want * w).sum(), ref)
+    ):
+        torch.testing.assert_close(g1, g2)
+    assert torch.autograd.gradcheck(FL.swiglu_pooled_jacobian, tuple(mine))
+    if traced:
+        return
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        FL.swiglu_pooled_jacobian(*mine)
+    big = [t for t in saved if t.shape == mine[0].shape]
+    assert len(big) == 2 and big[0] is mine[0] and big[1] is mine[1]
+
+
+def test_swiglu_pooled_jacobian_with_only_some_inputs_needing_gradients() -> None:
+    """Frozen weights (m1, m3 without grad, as in LoRA-style fine-tuning) or a frozen b."""
+    torch.manual_seed(1)
+    a, b = torch.randn(1, 4, 6, dtype=torch.float64), torch.randn(1, 4, 6, dtype=torch.float64)
+    m1, m3 = torch.randn(6, 2, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    sigma = torch.ones(1, 4, dtype=torch.float64)
+    cases = ([True, False, False, False], [False, False, True, True], [False, True, False, True])
+    for needs in cases:
+        mine = [t.clone().requires_grad_(n) for t, n in zip((a, b, m1, m3), needs)]
+        ref = [t.clone().requires_grad_(True) for t in (a, b, m1, m3)]
+        got = FL.swiglu_pooled_jacobian(*mine, sigma)
+        want = _plain_swiglu_product(ref[0], ref[1], ref[2], ref[3], sigma)
+        grads = torch.autograd.grad(got.sum(), [t for t in mine if t.requires_grad])
+        wants = torch.autograd.grad(want.sum(), [r for r, n in zip(ref, needs) if n])
+        for g1, g2 in zip(grads, wants):
+            torch.testing.assert_close(g1, g2)
