@@ -255,14 +255,6 @@ def ffn_jacobian_matrix(w1: Tensor, w2: Tensor, norm_scale: Tensor | None, group
     return prod.reshape(groups, d // groups, f).mean(dim=1).t()
 
 
-def pooled_jacobian(dphi: Tensor, m: Tensor, norm_sigma: Tensor) -> Tensor:
-    """``Jbar[t, g] = (phi'(a_t) @ M)[g] / sigma2_t``.
-
-    dphi: (B, T, F); m: (F, G); norm_sigma: (B, T). Returns (B, T, G) float32.
-    """
-    return (upcast(dphi) @ m) / upcast(norm_sigma).unsqueeze(-1)
-
-
 class _GeluDerivative(torch.autograd.Function):
     """``phi'(a) = Phi(a) + a phi(a)`` with ``phi''(a) = phi(a) (2 - a^2)`` in backward.
 
