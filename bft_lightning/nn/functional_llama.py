@@ -169,10 +169,11 @@ def swiglu_pooled_jacobian(
     largest activations of the layer. A traced graph uses the plain ops.
     """
     if torch.compiler.is_compiling():
-        af = BF.upcast(a)
-        s = torch.sigmoid(af)
-        weighted_gate = s * (1.0 + af * (1.0 - s)) * BF.upcast(b)
-        product = weighted_gate @ m1 + F.silu(af) @ m3
+        with torch.autocast(a.device.type, enabled=False):  # float32 as in eager mode
+            af = BF.upcast(a)
+            s = torch.sigmoid(af)
+            weighted_gate = s * (1.0 + af * (1.0 - s)) * BF.upcast(b)
+            product = weighted_gate @ m1.to(af.dtype) + F.silu(af) @ m3.to(af.dtype)
     else:
         product = _SwigluJacobianProduct.apply(a, b, m1, m3)
     return product / BF.upcast(norm_sigma).unsqueeze(-1)
@@ -183,7 +184,8 @@ class _SwigluJacobianProduct(torch.autograd.Function):
 
     Backward, with ``g`` the output's gradient, ``s' = silu'(a)``, ``s'' = silu''(a)``:
     ``dM1 = (s' b)^T g``, ``dM3 = silu(a)^T g``, ``da = (g M1^T) s'' b + (g M3^T) s'``,
-    ``db = (g M1^T) s'``; ``s'`` and ``s''`` are recomputed from ``a``.
+    ``db = (g M1^T) s'``; ``s'`` and ``s''`` are recomputed from ``a``. First order
+    only (``once_differentiable``): nothing here takes a gradient of a gradient.
     """
 
     @staticmethod

@@ -478,3 +478,26 @@ def test_swiglu_pooled_jacobian_with_only_some_inputs_needing_gradients() -> Non
         wants = torch.autograd.grad(want.sum(), [r for r, n in zip(ref, needs) if n])
         for g1, g2 in zip(grads, wants):
             torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_swiglu_pooled_jacobian_in_float32_under_bf16_autocast(traced: bool, monkeypatch) -> None:
+    """bf16 activations under autocast: the products run in float32 (eager and traced
+    alike) and each gradient comes back in its input's dtype."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
+    torch.manual_seed(2)
+    a = (torch.randn(2, 3, 256) * 2).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(2, 3, 256).to(torch.bfloat16).requires_grad_()
+    m1, m3 = torch.randn(256, 4, requires_grad=True), torch.randn(256, 4, requires_grad=True)
+    sigma = torch.ones(2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = FL.swiglu_pooled_jacobian(a, b, m1, m3, sigma)
+    assert got.dtype == torch.float32
+    ref = [t.detach().double().requires_grad_() for t in (a, b, m1, m3)]
+    want = _plain_swiglu_product(*ref, sigma.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(got.sum(), (a, b, m1, m3))
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert [g.dtype for g in grads] == [bf16, bf16, f32, f32]
+    for g, w in zip(grads, torch.autograd.grad(want.sum(), ref)):
+        torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
