@@ -273,7 +273,6 @@ class _GeluDerivative(torch.autograd.Function):
         return (grad * _gelu_second_derivative(upcast(a))).to(a.dtype)
 
 
-_INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
@@ -294,9 +293,9 @@ def activation_derivative(a: Tensor, activation: str) -> Tensor:
 
 def _gelu_second_derivative(af: Tensor) -> Tensor:
     """``phi''(a) = phi(a) (2 - a^2)`` of the exact GELU, float32 ``af``, fresh buffers."""
-    sq = af.square()
-    pdf = sq.mul(-0.5).exp_().mul_(_INV_SQRT_2PI)
-    return pdf.mul_(sq.neg_().add_(2.0))
+    sq = af * af  # a product: Tensor.square runs the slower pow kernel on CPU
+    pdf = sq.mul(-0.5).exp_()
+    return pdf.mul_(sq.sub_(2.0)).mul_(-_INV_SQRT_2PI)
 
 
 class _ActivationJacobianProduct(torch.autograd.Function):
@@ -333,9 +332,10 @@ def _activation_derivative_eager(a: Tensor, activation: str) -> Tensor:
     af = upcast(a.detach())
     if activation == "relu":
         return (af > 0).to(af.dtype)
-    # in place on two fresh buffers: this runs over (B, T, F) every step
-    cdf = torch.erf(af * _INV_SQRT2).mul_(0.5).add_(0.5)
-    return cdf.add_(af.square().mul_(-0.5).exp_().mul_(af).mul_(_INV_SQRT_2PI))
+    # PyTorch's exact-GELU backward kernel returns grad * phi'(a) in one fused pass
+    # (this runs over (B, T, F) twice a step): with grad = 1 it is phi'(a) itself,
+    # ~5x faster on CPU than the formula's nine elementwise passes
+    return torch.ops.aten.gelu_backward(torch.ones_like(af), af, approximate="none")
 
 
 def activation_jacobian_product(a: Tensor, m: Tensor, activation: str) -> Tensor:
