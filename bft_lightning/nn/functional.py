@@ -276,6 +276,17 @@ class _GeluDerivative(torch.autograd.Function):
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+def silu_derivative(a: Tensor, sigmoid: Tensor | None = None) -> Tensor:
+    """``silu'(a) = s (1 + a (1 - s))``, ``s = sigmoid(a)`` (given or computed), float32 or wider.
+
+    Plain ops (autograd differentiates them); HSTU's delta rule and the Llama
+    decoder's SwiGLU Jacobian share it.
+    """
+    af = upcast(a)
+    s = torch.sigmoid(af) if sigmoid is None else sigmoid
+    return s * (1.0 + af * (1.0 - s))
+
+
 def activation_derivative(a: Tensor, activation: str) -> Tensor:
     """``phi'(a)`` for ``relu`` (a step: zero second derivative) and exact ``gelu``."""
     if activation == "relu":

@@ -104,37 +104,6 @@ def observation(
     return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
 
 
-class _SiluDerivative(torch.autograd.Function):
-    """``silu'(a) = s (1 + a (1 - s))`` with ``silu''(a) = s (1 - s) (2 + a (1 - 2 s))``.
-
-    Saves only ``a`` (which SwiGLU keeps for its own backward anyway), so the
-    Jacobian path adds no activation memory of its own.
-    """
-
-    @staticmethod
-    def forward(ctx, a: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a)
-        af = BF.upcast(a)
-        s = torch.sigmoid(af)
-        return s * (1.0 + af * (1.0 - s))
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        (a,) = ctx.saved_tensors
-        af = BF.upcast(a)
-        s = torch.sigmoid(af)
-        return (grad * s * (1.0 - s) * (2.0 + af * (1.0 - 2.0 * s))).to(a.dtype)
-
-
-def silu_derivative(a: Tensor) -> Tensor:
-    """``silu'(a) = s(a) (1 + a (1 - s(a)))``, ``s`` the logistic sigmoid (float32 or wider)."""
-    if torch.compiler.is_compiling():  # traced: plain ops (see BF.norm_sigma)
-        af = BF.upcast(a)
-        s = torch.sigmoid(af)
-        return s * (1.0 + af * (1.0 - s))
-    return _SiluDerivative.apply(a)
-
-
 def swiglu_jacobian_matrices(
     w_gate: Tensor, w_up: Tensor, w_down: Tensor, norm_scale: Tensor | None, groups: int
 ) -> tuple[Tensor, Tensor]:
@@ -171,8 +140,7 @@ def swiglu_pooled_jacobian(
     if torch.compiler.is_compiling():
         with torch.autocast(a.device.type, enabled=False):  # float32 as in eager mode
             af = BF.upcast(a)
-            s = torch.sigmoid(af)
-            weighted_gate = s * (1.0 + af * (1.0 - s)) * BF.upcast(b)
+            weighted_gate = BF.silu_derivative(af) * BF.upcast(b)
             product = weighted_gate @ m1.to(af.dtype) + F.silu(af) @ m3.to(af.dtype)
     else:
         product = _SwigluJacobianProduct.apply(a, b, m1, m3)
@@ -195,10 +163,9 @@ class _SwigluJacobianProduct(torch.autograd.Function):
             af, bf = BF.upcast(a.detach()), BF.upcast(b.detach())
             m1f, m3f = m1.detach().to(af.dtype), m3.detach().to(af.dtype)
             s = torch.sigmoid(af)
-            silu = af * s
-            weighted_gate = silu.mul(1.0 - s).add_(s).mul_(bf)  # s (1 + a (1 - s)) b
+            weighted_gate = BF.silu_derivative(af, s).mul_(bf)
             return torch.addmm(
-                (silu @ m3f).reshape(-1, m3.shape[-1]),
+                ((af * s) @ m3f).reshape(-1, m3.shape[-1]),  # silu(a) @ M3
                 weighted_gate.reshape(-1, weighted_gate.shape[-1]),
                 m1f,
             ).reshape(*a.shape[:-1], m1.shape[-1])
@@ -219,7 +186,7 @@ class _SwigluJacobianProduct(torch.autograd.Function):
         grad = grad.to(af.dtype)
         m1f, m3f = m1.to(af.dtype), m3.to(af.dtype)
         s = torch.sigmoid(af)
-        d1 = s * (1.0 + af * (1.0 - s))  # silu'(a)
+        d1 = BF.silu_derivative(af, s)
         g2 = grad.reshape(-1, grad.shape[-1])
         flat = (-1, a.shape[-1])
         grad_a = grad_b = grad_m1 = grad_m3 = None

@@ -68,13 +68,6 @@ from bft_lightning.nn.stats import FilterStats
 TINY = torch.finfo(torch.float32).tiny
 
 
-def silu_derivative(a: Tensor) -> Tensor:
-    """``SiLU'(a) = sigmoid(a) (1 + a (1 - sigmoid(a)))``, in float32."""
-    a = BF.upcast(a)
-    s = torch.sigmoid(a)
-    return s * (1.0 + a * (1.0 - s))
-
-
 def time_buckets(timestamps: Tensor, num_buckets: int) -> Tensor:
     """Time buckets ``floor(ln(max(|ts_t - ts_j|, 1)) / 0.301)`` in [0, num_buckets].
 
@@ -274,7 +267,7 @@ class HSTULayer(nn.Module):
             # observe: prior variance of V through LN, f1 (per channel) and SiLU
             s2_h = torch.exp(-lp) / BF.norm_sigma(h, self.norm1.eps).square().unsqueeze(-1)
             p_v = BF.delta_rule_matrix(self.value_weight, hv, self.groups)  # (H dv, G)
-            dsilu = silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
+            dsilu = BF.silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
             s2_v = (BF.delta_rule(s2_h, p_v) * dsilu.square()).view(b, t, self.nhead, -1).mean(-1)
             log_lbar = -torch.log(s2_v.clamp_min(TINY)).transpose(1, 2)  # (B, H, T)
             v32 = BF.upcast(v)

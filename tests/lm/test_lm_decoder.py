@@ -187,12 +187,6 @@ def test_swiglu_pooled_jacobian_matches_autograd() -> None:
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_silu_derivative() -> None:
-    a = torch.linspace(-6, 6, 101, requires_grad=True)
-    (grad,) = torch.autograd.grad(F.silu(a).sum(), a)
-    torch.testing.assert_close(FL.silu_derivative(a.detach()), grad)
-
-
 def test_rms_delta_rule_for_values_by_monte_carlo() -> None:
     """s2_v = sum_g P_V[a, g] / (lambda_g sigma^2) with P_V from W_V diag(gamma)."""
     torch.manual_seed(0)
@@ -352,11 +346,6 @@ def test_gradient_checkpointing_gives_the_same_gradients() -> None:
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
-
-
-def test_silu_second_derivative() -> None:
-    a = torch.linspace(-5, 5, 41, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(FL.silu_derivative, (a,))
 
 
 @pytest.mark.parametrize("gate", [None, "sigmoid"])
