@@ -75,8 +75,10 @@ VARIANTS = {
     ),  # the per-head gain on top of SASRec's default (tau at 10x lr)
     # prior scale c = 8 (log c ~ 2.1) instead of 1 / mean Var(h0): BERT4Rec's unscaled
     # embeddings put log c at ~7.2, far above its layer-0 log lambda_obs (~1.5), so the
-    # first layer's Kalman gain was ~0.01 (FINDINGS.md)
+    # first layer's Kalman gain was ~0.01 (results/rec/DETAILS.md)
     "on_c8": ("on", [_LR1, "--model.init_args.backbone.init_args.prior_scale=8"]),
+    # ablation: attention without the keys' precision bias; the gain and dynamics kept
+    "on_nobias": ("on", [_LR1, "--model.init_args.backbone.init_args.key_precision=false"]),
 }
 
 

@@ -56,6 +56,9 @@ class SequentialRecommender(nn.Module):
         gain: ``"group"`` (the spec: a Kalman gain per residual group after
             ``W_O``) or ``"head"`` (a gain per head before ``W_O``; see
             ``BFTEncoderLayer``). HSTU supports ``"group"`` only.
+        key_precision: False attends without the keys' precision bias and
+            keeps the gain and the dynamics (an ablation; see
+            ``BFTEncoderLayer``). SASRec and BERT4Rec only.
     """
 
     causal: ClassVar[bool] = True
@@ -83,6 +86,7 @@ class SequentialRecommender(nn.Module):
         attention_impl: str = "chunked",
         attention_chunk: int = 256,
         gain: str = "group",
+        key_precision: bool = True,
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
@@ -100,7 +104,7 @@ class SequentialRecommender(nn.Module):
             d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
             precision=precision, groups=groups, q_init=q_init, nu0=nu0,
             attention_gate=attention_gate, attention_impl=attention_impl,
-            attention_chunk=attention_chunk, gain=gain,
+            attention_chunk=attention_chunk, gain=gain, key_precision=key_precision,
         )  # fmt: skip
         self.encoder = self.build_encoder(layer_opts, num_layers)
         self.final_norm = nn.LayerNorm(d_model)

@@ -54,6 +54,8 @@ class HSTU(SequentialRecommender):
         opts.pop("attention_chunk", None)
         if opts.pop("gain", "group") != "group":
             raise ValueError("HSTU takes gain='group' only (gain='head': SASRec, BERT4Rec)")
+        if not opts.pop("key_precision", True):
+            raise ValueError("HSTU takes key_precision=True only (the ablation: SASRec, BERT4Rec)")
         if opts.pop("attention_gate", None) is not None:
             raise ValueError("HSTU takes no attention_gate: its U projection is the gate")
         layer = HSTULayer(

@@ -97,6 +97,13 @@ class BFTEncoderLayer(nn.Module):
             units, so no delta rule through ``W_O`` is needed; ``W_O``'s bias
             is not scaled). The posterior precision is the same in both modes.
             Recorded gains are (B, T, G) or, per head, (B, T, H).
+        key_precision: True (the spec) puts the keys' precision into the
+            attention as the logit bias ``log lambda_bar_j`` (kriging); False
+            is an ablation that attends as the off twin does and keeps the
+            Kalman update and the dynamics: the observation statistics, the
+            gain and the precision path are those of the unbiased weights.
+            It separates what precision-weighted attention does from what
+            the adaptive gain does. Needs ``gain="group"``.
     """
 
     sill: Tensor
@@ -122,6 +129,7 @@ class BFTEncoderLayer(nn.Module):
         predict_noise: bool = True,
         attention_chunk: int = 256,
         gain: str = "group",
+        key_precision: bool = True,
     ) -> None:
         super().__init__()
         if not batch_first:
@@ -137,7 +145,13 @@ class BFTEncoderLayer(nn.Module):
                 "gain='head' takes no attention_gate: the gate rescales a head's output, "
                 "which the per-head prior (the value's precision) does not see"
             )
+        if gain == "head" and not key_precision:
+            raise ValueError(
+                "gain='head' needs key_precision=True: its prior is the value's precision, "
+                "the same quantity the attention bias reads"
+            )
         self.d_model, self.nhead, self.precision, self.gain = d_model, nhead, precision, gain
+        self.key_precision = key_precision
         self.groups = _check_groups(d_model, nhead, groups)
         self.activation = _activation_name(activation)
         self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
@@ -161,6 +175,7 @@ class BFTEncoderLayer(nn.Module):
 
     def extra_repr(self) -> str:
         extra = f", gain={self.gain}" if self.gain != "group" else ""
+        extra += "" if self.key_precision else ", key_precision=False"
         return (
             f"precision={self.precision}, groups={self.groups}, activation={self.activation}"
             + extra
@@ -237,8 +252,8 @@ class BFTEncoderLayer(nn.Module):
         per_head = self.gain == "head"
         # per head: z holds the heads' estimates, not yet through W_O
         z, weights, stats, gate = attn(
-            self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention,
-            project=not per_head,
+            self.norm1(h), allowed, bias if self.key_precision else None, with_stats=True,
+            need_weights=self.record_attention, project=not per_head,
         )  # fmt: skip
         assert stats is not None
         with fp32:  # update: the residual as a Kalman update

@@ -142,6 +142,8 @@ def test_bad_options_are_named() -> None:
         BERT4Rec(N, mask_prob=0.0)
     with pytest.raises(ValueError, match="gain"):
         HSTU(N, precision="on", gain="head")
+    with pytest.raises(ValueError, match="key_precision"):
+        HSTU(N, precision="on", key_precision=False)
 
 
 @pytest.mark.parametrize("cls", [SASRec, BERT4Rec])
@@ -154,6 +156,23 @@ def test_per_head_gain_reaches_every_layer_and_trains(cls) -> None:
     h, _ = model.encode(ids)
     h.square().mean().backward()
     assert model.prior.log_tau.weight.grad.abs().sum() > 0  # tau reaches the loss via K_a
+
+
+@pytest.mark.parametrize("cls", [SASRec, BERT4Rec])
+def test_key_precision_ablation_reaches_every_layer_and_trains(cls) -> None:
+    torch.manual_seed(0)
+    opts = dict(max_len=8, d_model=16, nhead=2, num_layers=2, precision="on")
+    model = cls(30, key_precision=False, **opts)
+    assert all(not layer.key_precision for layer in model.encoder.layers)
+    full = cls(30, **opts)
+    full.load_state_dict(model.state_dict())
+    ids = torch.randint(1, 31, (4, 8))
+    model.eval()
+    full.eval()
+    h, _ = model.encode(ids)
+    assert not torch.allclose(h, full.encode(ids)[0])
+    h.square().mean().backward()
+    assert model.prior.log_tau.weight.grad.abs().sum() > 0  # tau reaches the loss via K
 
 
 @pytest.mark.parametrize("cls", [SASRec, BERT4Rec, HSTU])

@@ -377,3 +377,59 @@ def test_per_head_gain_options_are_checked() -> None:
         bft_layer(precision="on", gain="channel")
     with pytest.raises(ValueError, match="attention_gate"):
         bft_layer(precision="on", gain="head", attention_gate="sigmoid")
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_key_precision_off_is_the_filter_with_a_zero_bias(impl: str, monkeypatch) -> None:
+    """key_precision=False: the same layer as the spec's with the attention bias set to 0.
+
+    Values, precisions and gradients (to the states and to the prior) of the
+    ablation equal those of the full layer whose neighbour log-precision bias is
+    replaced by zeros; and with the bias the layer differs (the bias is live).
+    """
+    torch.manual_seed(0)
+    full = bft_layer(precision="on", attention_impl=impl).double().eval()
+    ablated = bft_layer(precision="on", attention_impl=impl, key_precision=False).double()
+    ablated.load_state_dict(full.state_dict())
+    ablated.eval()
+    h0 = torch.randn(2, 7, D, dtype=torch.float64) * 2
+    lp0 = torch.randn(2, 7, H, dtype=torch.float64) * 2  # precision that differs by token
+    pad = right_pad(2, 7, [7, 4])
+
+    def run(layer: BFTEncoderLayer) -> tuple[torch.Tensor, ...]:
+        h, lp = h0.clone().requires_grad_(), lp0.clone().requires_grad_()
+        y, lp_out = layer(h, lp, key_padding_mask=pad, is_causal=True)
+        keep = ~pad
+        (y[keep].sin().sum() + lp_out[keep].cos().sum()).backward()
+        return y[keep], lp_out[keep], h.grad, lp.grad
+
+    got = run(ablated)
+    with_bias = run(full)
+    zero = BF.neighbour_log_precision
+    monkeypatch.setattr(BF, "neighbour_log_precision", lambda *a: torch.zeros_like(zero(*a)))
+    want = run(full)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert not torch.allclose(with_bias[0], want[0])  # the bias changes the layer
+    assert got[3].abs().sum() > 0  # the prior still reaches the output through the gain
+
+
+def test_key_precision_off_attends_as_the_off_twin() -> None:
+    """Its attention weights are the plain softmax's; its gain still reads the prior."""
+    torch.manual_seed(0)
+    off = bft_layer(precision="off").eval()
+    ablated = bft_layer(precision="on", key_precision=False).eval()
+    ablated.load_state_dict(off.state_dict(), strict=False)  # rho and sill: BFT only
+    x = torch.randn(2, 6, D)
+    set_recording(off, True, attention=True)
+    set_recording(ablated, True, attention=True)
+    off(x, is_causal=True)
+    ablated(x, torch.randn(2, 6, H) * 2, is_causal=True)
+    torch.testing.assert_close(ablated.last_stats.attention, off.last_stats.attention)
+    gain0 = ablated.last_stats.gain
+    ablated(x, torch.randn(2, 6, H) * 2, is_causal=True)
+    torch.testing.assert_close(ablated.last_stats.attention, off.last_stats.attention)
+    assert not torch.allclose(ablated.last_stats.gain, gain0)
+    assert "key_precision=False" in repr(ablated)
+    with pytest.raises(ValueError, match="key_precision"):
+        bft_layer(precision="on", gain="head", key_precision=False)
