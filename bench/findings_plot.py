@@ -42,13 +42,26 @@ PANELS = [
 ]
 
 
-def load(spec: str, rows: list[dict]) -> tuple[str, dict[str, tuple[float, float]]]:
-    """One comparison's label and its {panel: (delta, se)}."""
+def verdict(delta: float, se: float) -> str:
+    """ "ahead" / "behind" beyond two paired SE, else "level" (the colour of a point)."""
+    if abs(delta) > 2 * se:
+        return "ahead" if delta > 0 else "behind"
+    return "level"
+
+
+COLOURS = {"ahead": "tab:green", "behind": "tab:red", "level": "tab:gray"}
+
+
+def load(
+    spec: str, rows: list[dict], rec: Path = REC
+) -> tuple[str, dict[str, tuple[float, float]]]:
+    """One comparison's label and its {panel: (delta, se)}; ``selected/NAME`` is read
+    from ``rec / selected / NAME.json`` (``rec``: the folder of the summary)."""
     if "=" not in spec:
         raise ValueError(f"comparison {spec!r}: expected LABEL=SOURCE")
     label, source = spec.split("=", 1)
     if source.startswith("selected/"):
-        path = REC / f"{source}.json"
+        path = rec / f"{source}.json"
         if not path.is_file():
             raise FileNotFoundError(f"comparison {label!r}: {path} does not exist")
         comp = json.loads(path.read_text())["comparison"]
@@ -71,7 +84,7 @@ def load(spec: str, rows: list[dict]) -> tuple[str, dict[str, tuple[float, float
             return label, {
                 key: (row[f"paired_delta_{key}"], row[f"paired_se_{key}"]) for key, _ in PANELS
             }
-    raise KeyError(f"comparison {label!r}: no row {source!r} in results/rec/summary.json")
+    raise KeyError(f"comparison {label!r}: no row {source!r} in {rec / 'summary.json'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,17 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     from matplotlib.ticker import MaxNLocator
 
     rows = json.loads(args.summary.read_text())
-    comps = [load(spec, rows) for spec in args.comparisons]
+    comps = [load(spec, rows, args.summary.parent) for spec in args.comparisons]
     fig = Figure(figsize=(13, 0.45 * len(comps) + 1.6))
     axes = fig.subplots(1, len(PANELS), sharey=True)
     ys = list(range(len(comps)))[::-1]
     for ax, (key, title) in zip(axes, PANELS):
         for y, (_, vals) in zip(ys, comps):
             delta, se = vals[key]
-            color = "tab:gray"  # within 2 SE of 0
-            if abs(delta) > 2 * se:
-                color = "tab:green" if delta > 0 else "tab:red"
-            ax.errorbar(delta, y, xerr=2 * se, fmt="o", color=color, capsize=3)
+            colour = COLOURS[verdict(delta, se)]
+            ax.errorbar(delta, y, xerr=2 * se, fmt="o", color=colour, capsize=3)
         ax.axvline(0.0, color="black", linewidth=0.8)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)

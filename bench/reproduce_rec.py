@@ -254,6 +254,13 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
                 float(np.subtract(*(_per_user(runs, v, [s])[0].mean() for v in (variant, "off"))))
                 for s in have
             ]
+            rare = [strata[_seen(runs, variant, [s])] == 0 for s in have]
+            row["per_seed_delta_hr10_q0"] = [
+                float(
+                    np.subtract(*(_per_user(runs, v, [s])[0][m].mean() for v in (variant, "off")))
+                )
+                for s, m in zip(have, rare)
+            ]
             row["paired_delta_hr10"], row["paired_se_hr10"] = paired(hr0, hr)
             row["off_hr10"] = float(hr0.mean())
             row["paired_delta_ndcg10"], row["paired_se_ndcg10"] = paired(nd0, nd)
@@ -372,14 +379,17 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
     lines += _section(
         "Same-seed differences in HR@10 (variant seed s minus off seed s): the spread of "
         "these is the training noise the pooled paired SE does not see.",
-        ["variant", "seeds", "per-seed ΔHR@10", "mean", "SD across seeds"],
+        ["variant", "seeds", "per-seed ΔHR@10", "mean", "SD across seeds", "per-seed ΔHR@10 Q0"],
     )
     for r in rows:
         if "per_seed_delta_hr10" in r:
             deltas = np.array(r["per_seed_delta_hr10"])
             sd = f"{deltas.std(ddof=1):.4f}" if len(deltas) > 1 else "–"
             per = ", ".join(f"{x:+.4f}" for x in deltas)
-            lines.append(f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} |")
+            rare = ", ".join(f"{x:+.4f}" for x in r.get("per_seed_delta_hr10_q0", []))
+            lines.append(
+                f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} | {rare} |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 

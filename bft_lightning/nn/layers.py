@@ -175,7 +175,8 @@ class BFTEncoderLayer(nn.Module):
 
     def extra_repr(self) -> str:
         extra = f", gain={self.gain}" if self.gain != "group" else ""
-        extra += "" if self.key_precision else ", key_precision=False"
+        if self.precision == "on" and not self.key_precision:
+            extra += ", key_precision=False"
         return (
             f"precision={self.precision}, groups={self.groups}, activation={self.activation}"
             + extra
@@ -242,23 +243,26 @@ class BFTEncoderLayer(nn.Module):
         # The precision path runs in float32 also under autocast: lambda spans
         # e^-20..e^20, beyond float16, and bf16's 8-bit mantissa blurs the gain.
         fp32 = torch.autocast(h.device.type, enabled=False)
-        with fp32:  # observe: kriging with the keys' precision as a logit bias
-            sigma1 = BF.norm_sigma(h, self.norm1.eps)  # float32 out
-            p_v = BF.delta_rule_matrix(
-                attn.value_weight, self.nhead, self.groups, self.norm1.weight
-            )
-            bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
+        bias = None
+        if self.key_precision:
+            with fp32:  # observe: kriging with the keys' precision as a logit bias
+                sigma1 = BF.norm_sigma(h, self.norm1.eps)  # float32 out
+                p_v = BF.delta_rule_matrix(
+                    attn.value_weight, self.nhead, self.groups, self.norm1.weight
+                )
+                bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
         allowed = build_allowed(valid, is_causal, attn_mask)
         per_head = self.gain == "head"
         # per head: z holds the heads' estimates, not yet through W_O
         z, weights, stats, gate = attn(
-            self.norm1(h), allowed, bias if self.key_precision else None, with_stats=True,
-            need_weights=self.record_attention, project=not per_head,
+            self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention,
+            project=not per_head,
         )  # fmt: skip
         assert stats is not None
         with fp32:  # update: the residual as a Kalman update
             lp_obs, n_eff, has_key, lp_obs_head = self._observation(stats, gate, per_head)
             if lp_obs_head is not None:  # the query's own value precision against its head's
+                assert bias is not None  # gain="head" requires key_precision
                 gain = BF.kalman_gain(bias.transpose(1, 2), lp_obs_head, has_key)  # (B, T, H)
             else:
                 gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)

@@ -45,7 +45,7 @@ def test_reads_a_summary_row_and_draws(tmp_path: Path) -> None:
 def test_missing_or_bad_comparisons_name_themselves() -> None:
     rows = [dict(ROW, variant="off", paired_delta_hr10=None)]
     rows[0] = {k: v for k, v in rows[0].items() if not k.startswith("paired")}
-    with pytest.raises(KeyError, match="'x'.*beauty:sasrec::on_y"):
+    with pytest.raises(KeyError, match="'x'.*beauty:sasrec::on_y.*summary.json"):
         fp.load("x=beauty:sasrec::on_y", rows)
     with pytest.raises(ValueError, match="no paired deltas"):
         fp.load("x=beauty:sasrec::off", rows)
@@ -63,3 +63,18 @@ def test_the_shipped_picture_reads_the_shipped_results() -> None:
     for spec in fp.DEFAULT:
         _, vals = fp.load(spec, rows)
         assert set(vals) == {key for key, _ in fp.PANELS}
+
+
+def test_verdict_is_two_paired_se() -> None:
+    assert fp.verdict(0.0021, 0.001) == "ahead"
+    assert fp.verdict(-0.0021, 0.001) == "behind"
+    assert fp.verdict(0.0019, 0.001) == "level" and fp.verdict(-0.0019, 0.001) == "level"
+    assert fp.verdict(0.0, 0.0) == "level"
+
+
+def test_selected_comparisons_are_read_beside_the_summary(tmp_path: Path) -> None:
+    (tmp_path / "selected").mkdir()
+    comp = {f"delta_{key}": [0.001, 0.0004] for key, _ in fp.PANELS}
+    (tmp_path / "selected" / "x.json").write_text(json.dumps({"comparison": comp}))
+    _, vals = fp.load("sel=selected/x", [], tmp_path)
+    assert vals == {key: (0.001, 0.0004) for key, _ in fp.PANELS}

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.tensorboard import SummaryWriter
+
+from bft_lightning.metrics.strata import assign_item_stratum, popularity_quartiles
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "select_by_validation.py"
 USERS, ITEMS = 400, 60
@@ -99,3 +102,38 @@ def test_settings_are_compared_on_the_seeds_all_of_them_logged(tmp_path):
     )
     assert result["comparison"]["off"] == "b:off"
     assert all(r["val_seeds"] == [1, 2] for r in result["settings"] if r["twin"] == "off")
+
+
+def test_reproduce_summary_has_same_seed_differences_overall_and_on_the_rarest(tmp_path):
+    """reproduce_rec.summarise: per-seed ΔHR@10 overall and on Q0 equal direct counts."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_rec", Path(__file__).parents[2] / "bench" / "reproduce_rec.py"
+    )
+    assert spec is not None and spec.loader is not None
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    rng = np.random.default_rng(1)
+    ranks = {}
+    for variant in ("off", "on_frequency"):
+        for seed in (0, 1):
+            ranks[variant, seed] = rng.integers(0, 30, USERS)
+            fake_run(tmp_path, "t", variant, seed, ranks[variant, seed], None)
+    runs = rr.load_runs(tmp_path / "t", ["off", "on_frequency"])
+    for run in runs.values():  # fields a finished run's summary has
+        run["summary"].update(sec_per_epoch=1.0, epochs=3, best_epoch=2, tau=None)
+    args = argparse.Namespace(dataset="d", backbone="b", tag="")
+    (row,) = [r for r in rr.summarise(args, runs, [0, 1], tmp_path) if r["variant"] != "off"]
+    first = runs["off", 0]
+    freq = torch.as_tensor(first["item_frequency"])
+    q = assign_item_stratum(
+        torch.as_tensor(first["targets"]), freq, popularity_quartiles(freq)
+    ).numpy()
+    for i, seed in enumerate((0, 1)):
+        on, off = ranks["on_frequency", seed] < 10, ranks["off", seed] < 10
+        assert row["per_seed_delta_hr10"][i] == pytest.approx(on.mean() - off.mean())
+        rare = q == 0
+        assert rare.any()
+        assert row["per_seed_delta_hr10_q0"][i] == pytest.approx(on[rare].mean() - off[rare].mean())

@@ -379,8 +379,9 @@ def test_per_head_gain_options_are_checked() -> None:
         bft_layer(precision="on", gain="head", attention_gate="sigmoid")
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
-def test_key_precision_off_is_the_filter_with_a_zero_bias(impl: str, monkeypatch) -> None:
+def test_key_precision_off_is_the_filter_with_a_zero_bias(impl: str, causal: bool, monkeypatch):
     """key_precision=False: the same layer as the spec's with the attention bias set to 0.
 
     Values, precisions and gradients (to the states and to the prior) of the
@@ -398,7 +399,7 @@ def test_key_precision_off_is_the_filter_with_a_zero_bias(impl: str, monkeypatch
 
     def run(layer: BFTEncoderLayer) -> tuple[torch.Tensor, ...]:
         h, lp = h0.clone().requires_grad_(), lp0.clone().requires_grad_()
-        y, lp_out = layer(h, lp, key_padding_mask=pad, is_causal=True)
+        y, lp_out = layer(h, lp, key_padding_mask=pad, is_causal=causal)
         keep = ~pad
         (y[keep].sin().sum() + lp_out[keep].cos().sum()).backward()
         return y[keep], lp_out[keep], h.grad, lp.grad
