@@ -250,16 +250,15 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
         if variant != "off":
             # training noise: the same-seed difference of each seed (seed s of the
             # variant against seed s of the off twin), besides the pooled paired SE
-            row["per_seed_delta_hr10"] = [
-                float(np.subtract(*(_per_user(runs, v, [s])[0].mean() for v in (variant, "off"))))
+            # (test users are the same in every run, so the seen masks agree)
+            per_seed = [
+                (_per_user(runs, variant, [s])[0], _per_user(runs, "off", [s])[0],
+                 strata[_seen(runs, variant, [s])] == 0)
                 for s in have
-            ]
-            rare = [strata[_seen(runs, variant, [s])] == 0 for s in have]
+            ]  # fmt: skip
+            row["per_seed_delta_hr10"] = [float(a.mean() - b.mean()) for a, b, _ in per_seed]
             row["per_seed_delta_hr10_q0"] = [
-                float(
-                    np.subtract(*(_per_user(runs, v, [s])[0][m].mean() for v in (variant, "off")))
-                )
-                for s, m in zip(have, rare)
+                float(a[rare].mean() - b[rare].mean()) for a, b, rare in per_seed
             ]
             row["paired_delta_hr10"], row["paired_se_hr10"] = paired(hr0, hr)
             row["off_hr10"] = float(hr0.mean())
