@@ -53,6 +53,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from bft_lightning.cli import main as cli_main
 
@@ -115,7 +116,21 @@ RUNNER = textwrap.dedent(
 
 
     trainer._train_epoch = timed_train_epoch
-    trainer.fit(train_data, valid_data=None, saved=True, show_progress=False)
+    valid_scores = []
+    valid_epoch = trainer._valid_epoch
+
+
+    def recorded_valid_epoch(*args, **kwargs):
+        score, result = valid_epoch(*args, **kwargs)
+        valid_scores.append(float(score))
+        return score, result
+
+
+    trainer._valid_epoch = recorded_valid_epoch
+    validate = config["eval_step"] > 0
+    trainer.fit(
+        train_data, valid_data=valid_data if validate else None, saved=True, show_progress=False
+    )
     t0 = time.perf_counter()
     result = trainer.evaluate(test_data, load_best_model=True, show_progress=False)
     test_s = time.perf_counter() - t0
@@ -124,6 +139,7 @@ RUNNER = textwrap.dedent(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "epoch_seconds": epoch_seconds,
+        "valid_ndcg10": valid_scores,
         "train_rows": len(train_data._dataset),
         "test_users": len(test_data._dataset),
         "num_items": dataset.item_num - 1,
@@ -208,18 +224,35 @@ def install_recbole(venv: Path, torch_spec: str, pip_args: list[str]) -> str:
 def our_cli(args: argparse.Namespace, log_dir: Path) -> Any:
     """Our LightningCLI, built from the experiment config but not run.
 
-    Validation is switched off (``limit_val_batches=0``): neither framework
-    validates, so no checkpoint is chosen by validation and the test scores
-    are those of the final weights.
+    Without ``--converge`` validation is switched off (``limit_val_batches=0``):
+    neither framework validates, so no checkpoint is chosen by validation and
+    the test scores are those of the final weights. With ``--converge P`` both
+    validate after every epoch, stop after P epochs without a better validation
+    NDCG@10 (at most ``--epochs``) and test the best validation epoch's weights.
     """
     argv = [
         "--config", str(args.config), f"--seed_everything={args.seed}",
         f"--data.init_args.seed={args.seed}", f"--data.init_args.data_root={args.data_root}",
-        f"--trainer.max_epochs={args.epochs}", "--trainer.limit_val_batches=0",
+        f"--trainer.max_epochs={args.epochs}",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.logger.init_args.save_dir={log_dir}", "--trainer.logger.init_args.name=ours",
     ]  # fmt: skip
-    return cli_main(argv, run=False)
+    argv += (
+        ["--trainer.check_val_every_n_epoch=1"]
+        if args.converge
+        else ["--trainer.limit_val_batches=0"]
+    )
+    cli = cli_main(argv, run=False)
+    if args.converge:
+        stoppers = [cb for cb in cli.trainer.callbacks if isinstance(cb, EarlyStopping)]
+        keepers = [cb for cb in cli.trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+        if len(stoppers) != 1 or len(keepers) != 1 or stoppers[0].monitor != "val/ndcg@10":
+            raise SystemExit(
+                f"error: {args.config}: --converge needs one EarlyStopping and one ModelCheckpoint "
+                "on val/ndcg@10 in the trainer's callbacks"
+            )
+        stoppers[0].patience = args.converge
+    return cli
 
 
 def settings_of(cli: Any, config: Path) -> dict[str, Any]:
@@ -248,27 +281,47 @@ def settings_of(cli: Any, config: Path) -> dict[str, Any]:
     }
 
 
+class ValidationRecord(L.Callback):
+    """Validation NDCG@10 after each validation epoch (the sanity check excluded)."""
+
+    def __init__(self) -> None:
+        self.scores: list[float] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after the module's epoch-end hook, which computes and logs the metric
+        if not trainer.sanity_checking and "val/ndcg@10" in trainer.callback_metrics:
+            self.scores.append(float(trainer.callback_metrics["val/ndcg@10"]))
+
+
 class EpochTimer(L.Callback):
-    """Wall-clock seconds of each training epoch (validation excluded)."""
+    """Wall-clock seconds of each training epoch, validation excluded (Lightning runs an
+    epoch's validation before the epoch's end hook)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
-        self._start = 0.0
+        self._start = self._val_start = self._val = 0.0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = time.perf_counter()
+        self._start, self._val = time.perf_counter(), 0.0
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val += time.perf_counter() - self._val_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.times.append(time.perf_counter() - self._start)
+        self.times.append(time.perf_counter() - self._start - self._val)
 
 
-def run_ours(cli: Any) -> dict[str, Any]:
-    """Train ours for the configured epochs, then test the final weights."""
-    timer = EpochTimer()
-    cli.trainer.callbacks.append(timer)
+def run_ours(cli: Any, converge: bool) -> dict[str, Any]:
+    """Train ours, then test the final weights (or, with ``converge``, the best validation's)."""
+    timer, record = EpochTimer(), ValidationRecord()
+    cli.trainer.callbacks += [timer, record]
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     start = time.perf_counter()
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    best = "best" if converge else None
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
     test_s = time.perf_counter() - start
     train = cli.datamodule.train_dataloader().dataset.arrays["seq"]
     metrics = cli.model.test_results
@@ -276,6 +329,7 @@ def run_ours(cli: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "epoch_seconds": timer.times,
+        "valid_ndcg10": record.scores,
         "train_rows": int(len(train)),
         # a position predicts the next item when both are items (not padding)
         "train_targets": int(((train[:, :-1] > 0) & (train[:, 1:] > 0)).sum()),
@@ -337,7 +391,11 @@ def recbole_config(ours: dict[str, Any], args: argparse.Namespace, work: Path) -
         "topk": [10],
         "valid_metric": "NDCG@10",
         "epochs": args.epochs,
-        "eval_step": 0,  # no validation: train only, keep the final weights
+        # without --converge no validation: train only, keep the final weights; with it,
+        # validate every epoch and stop after ``converge`` epochs without a better score
+        # (RecBole stops when its count of such epochs exceeds stopping_step)
+        "eval_step": 1 if args.converge else 0,
+        "stopping_step": max(args.converge - 1, 0),
         "train_batch_size": ours["batch_size"],
         "eval_batch_size": ours["eval_batch_size"],
         "learner": "adam",  # = our AdamW at weight_decay 0
@@ -396,10 +454,16 @@ def row(name: str, run: dict[str, Any], targets: int) -> dict[str, Any]:
         "hr10": run["metrics"]["hit@10"],
         "ndcg10": run["metrics"]["ndcg@10"],
         "epochs": len(run["epoch_seconds"]),
+        "best_epoch": _best_epoch(run.get("valid_ndcg10", [])),
         "epoch_seconds": run["epoch_seconds"],
         "test_users": run["test_users"],
         "params": run["params"],
     }
+
+
+def _best_epoch(scores: list[float]) -> int | None:
+    """1-based epoch of the first best validation score (None without validation)."""
+    return scores.index(max(scores)) + 1 if scores else None
 
 
 def load_average() -> float:
@@ -446,16 +510,24 @@ def markdown(
         f"{s['num_layers']} layers, FFN {s['dim_feedforward']}, dropout {s['dropout']}, "
         f"max length {s['max_len']}, loss {s['loss'].upper()} over all items, Adam(W) lr "
         f"{s['lr']}, weight decay {s['weight_decay']}, batch {s['batch_size']}, "
-        f"{_plural(args.epochs, 'epoch')}, seed {args.seed}. No validation; test scores are "
-        "those of the final weights.",
+        + (
+            f"validation NDCG@10 after every epoch, early stopping after {args.converge} epochs "
+            f"without a better one (at most {args.epochs}), seed {args.seed}; test scores are "
+            "those of the best validation epoch's weights."
+            if args.converge
+            else f"{_plural(args.epochs, 'epoch')}, seed {args.seed}. No validation; test "
+            "scores are those of the final weights."
+        ),
         "",
-        "| framework | s/epoch | sequences/s | targets/s | HR@10 | NDCG@10 | epochs |",
+        "| framework | s/epoch | sequences/s | targets/s | HR@10 | NDCG@10 | epochs (best) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        best = f" ({r['best_epoch']})" if r["best_epoch"] else ""
         lines.append(
             f"| {r['framework']} | {r['sec_per_epoch']:.1f} | {r['rows_per_s']:,.0f} | "
-            f"{r['targets_per_s']:,.0f} | {r['hr10']:.4f} | {r['ndcg10']:.4f} | {r['epochs']} |"
+            f"{r['targets_per_s']:,.0f} | {r['hr10']:.4f} | {r['ndcg10']:.4f} | "
+            f"{r['epochs']}{best} |"
         )
     lines += [
         "",
@@ -478,7 +550,7 @@ def markdown(
         "length) and uses AdamW with weight decay 0 (the same update). Parameters: "
         f"ours {ours['params']:,}, RecBole {rb['params']:,}.",
     ]
-    if args.epochs < 20:
+    if args.epochs < 20 and not args.converge:
         lines += [
             "",
             f"Accuracy after {_plural(args.epochs, 'epoch')} is not comparable: both models are "
@@ -502,6 +574,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of each run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--converge",
+        type=int,
+        default=0,
+        metavar="P",
+        help="validate after every epoch, stop after P epochs without a better validation "
+        "NDCG@10 (at most --epochs) and test the best epoch's weights (default 0: no validation, "
+        "fixed epochs, final weights)",
+    )
+    p.add_argument(
         "--config",
         type=Path,
         default=ROOT / "configs" / "experiments" / "sasrec_off_beauty.yaml",
@@ -523,6 +604,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.argv = sys.argv[1:] if argv is None else argv
     if args.epochs < 1 or args.threads < 1:
         p.error("--epochs and --threads must be >= 1")
+    if args.converge < 0:
+        p.error("--converge must be >= 0")
     return args
 
 
@@ -542,16 +625,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"RecBole environment: {versions}; work dir {work}", flush=True)
 
     cli = our_cli(args, work)
+    plan = f" at most, early stopping after {args.converge}" if args.converge else ""
     settings = settings_of(cli, args.config)
     data = write_atomic(cli, work)
     if data["short_users"]:
         print(f"warning: {data['short_users']} users with < 3 items: the splits differ for them")
-    print(f"[1/2] RecBole SASRec, {args.epochs} epochs", flush=True)
+    print(f"[1/2] RecBole SASRec, {args.epochs} epochs{plan}", flush=True)
     rb = run_recbole(
         venv_python(args.venv), recbole_config(settings, args, work), args.threads, work
     )
-    print(f"[2/2] ours, {args.epochs} epochs", flush=True)
-    ours = run_ours(cli)
+    print(f"[2/2] ours, {args.epochs} epochs{plan}", flush=True)
+    ours = run_ours(cli, bool(args.converge))
     rows = [row("bft_lightning", ours, ours["train_targets"]), row("RecBole", rb, rb["train_rows"])]
     info = {
         "settings": settings,

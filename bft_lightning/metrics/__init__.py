@@ -12,9 +12,11 @@ from bft_lightning.metrics.ranking import (
     ranks_from_topk,
     summarise_ranks,
     target_ranks,
+    tiled_target_ranks,
     topk_metrics,
     topk_rows,
     torch_topk_chunked,
+    torch_topk_tiled,
 )
 from bft_lightning.metrics.report import compare_table, read_metrics, strata_table, write_report
 from bft_lightning.metrics.strata import (
@@ -45,7 +47,9 @@ __all__ = [
     "summarise_ranks",
     "target_ranks",
     "topk_metrics",
+    "tiled_target_ranks",
     "topk_rows",
     "torch_topk_chunked",
+    "torch_topk_tiled",
     "write_report",
 ]

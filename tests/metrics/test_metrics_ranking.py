@@ -17,9 +17,11 @@ from bft_lightning.metrics.ranking import (
     hr_ndcg_mrr,
     ranks_from_topk,
     target_ranks,
+    tiled_target_ranks,
     topk_metrics,
     topk_rows,
     torch_topk_chunked,
+    torch_topk_tiled,
 )
 
 KS = (1, 5, 10, 20)
@@ -216,3 +218,87 @@ def test_chunked_target_ranks_equal_full():
     u, it = _vectors(users=50, items=80)
     target = torch.randint(1, 80, (50,), generator=torch.Generator().manual_seed(4))
     assert torch.equal(chunked_target_ranks(u, it, target, chunk=7), target_ranks(u @ it.T, target))
+
+
+@pytest.mark.parametrize("users, items, k, tile_users, tile_columns, group", [
+    (37, 1000, 5, 8, 128, 4),    # several user blocks (the last partial), 8 tiles, a tail
+    (9, 4099, 10, 16, 1024, 16),  # one block, 5 tiles of 816 columns, 19 tail columns
+    (20, 640, 3, 7, 64, 8),       # tiles of exactly one group row each, no tail
+    (5, 300, 5, 4, 4096, 16),     # one tile, 18 groups < 4k = 20: the plain path
+])  # fmt: skip
+def test_tiled_topk_equals_full_topk(users, items, k, tile_users, tile_columns, group):
+    """Values and ids of a top-k over the whole product (float64, tie-free), including
+    rows whose best columns crowd into one group, fill the tail, or sit in the last tile."""
+    g = torch.Generator().manual_seed(users + items)
+    u = torch.randn(users, 6, generator=g, dtype=torch.float64)
+    it = torch.randn(items + 1, 6, generator=g, dtype=torch.float64)
+    it[1 : 1 + group] += 30.0 * u[0]  # user 0: the top k all in group 0 of tile 0
+    it[-k:] += 30.0 * u[1]  # user 1: the best in the tail / the last tile
+    full = u @ it[1:].T
+    want_v, want_i = full.topk(k, dim=1)
+    got_v, got_i = torch_topk_tiled(u, it, k, tile_users=tile_users, tile_columns=tile_columns,
+                                    group=group)  # fmt: skip
+    assert torch.equal(got_i, want_i + 1)
+    assert torch.allclose(got_v, want_v, rtol=0, atol=1e-12)
+
+
+def test_tiled_topk_is_the_cpu_default_and_agrees_with_faiss_and_the_untiled_path():
+    u, it = _vectors(users=300, items=20001, dim=16, seed=8)
+    f_scores, f_ids = faiss_topk(u, it, 10)
+    t_scores, t_ids = torch_topk_chunked(u, it, 10)  # tiled on a CPU
+    c_scores, c_ids = torch_topk_chunked(u, it, 10, chunk=64, tiled=False)
+    assert torch.equal(t_ids, f_ids) and torch.equal(t_ids, c_ids)
+    assert torch.allclose(t_scores, f_scores, atol=1e-5) and torch.allclose(t_scores, c_scores)
+    _, ids = torch_topk_tiled(u, it, 3, exclude_padding=False, tile_columns=512)
+    assert torch.equal(ids, (u @ it.T).topk(3, dim=1).indices)  # padding column 0 included
+
+
+def test_tiled_topk_with_ties_returns_the_tied_values():
+    """Integer scores tie everywhere: the values equal topk's and the ids are distinct
+    and point at them (which of tied columns may differ)."""
+    g = torch.Generator().manual_seed(2)
+    u = torch.randint(-2, 3, (11, 4), generator=g).float()
+    it = torch.randint(-2, 3, (2001, 4), generator=g).float()
+    v, i = torch_topk_tiled(u, it, 7, tile_users=4, tile_columns=256, group=8)
+    full = u @ it.T
+    full[:, 0] = -math.inf
+    assert torch.equal(v, full.topk(7, dim=1).values)
+    assert torch.equal(full.gather(1, i), v) and all(len(set(r.tolist())) == 7 for r in i)
+    with pytest.raises(ValueError, match="tile_users"):
+        torch_topk_tiled(u, it, 3, group=0)
+
+
+@pytest.mark.parametrize("tile_users, tile_columns", [(8, 64), (512, 4096), (3, 7)])
+def test_tiled_target_ranks_equal_full_ranks_on_exact_scores(tile_users, tile_columns):
+    """Integer-valued vectors make every score exact in any summation order, with ties
+    everywhere: the tiled ranks equal ``target_ranks`` on the full product exactly,
+    with targets in the first, a middle and the last tile, and a padding row that
+    would outscore every target."""
+    g = torch.Generator().manual_seed(tile_columns)
+    u = torch.randint(-3, 4, (41, 5), generator=g).float()
+    it = torch.randint(-3, 4, (300, 5), generator=g).float()
+    it[0] = 50.0  # padding: never counts
+    target = torch.randint(1, 300, (41,), generator=g)
+    target[:3] = torch.tensor([1, 150, 299])
+    want = target_ranks(u @ it.T, target)
+    assert torch.equal(tiled_target_ranks(u, it, target, tile_users, tile_columns), want)
+    assert torch.equal(chunked_target_ranks(u, it, target), want)  # the CPU default
+
+
+def test_tiled_target_ranks_on_random_scores_and_bad_input():
+    u, it = _vectors(users=70, items=5000, dim=16, seed=9)
+    u, it = u.double(), it.double()
+    target = torch.randint(1, 5000, (70,), generator=torch.Generator().manual_seed(1))
+    want = target_ranks(u @ it.T, target)
+    assert torch.equal(tiled_target_ranks(u, it, target, tile_columns=512), want)
+    assert torch.equal(chunked_target_ranks(u, it, target, chunk=9, tiled=False), want)
+    with pytest.raises(ValueError, match="target ids"):
+        tiled_target_ranks(u, it, torch.zeros(70, dtype=torch.long))
+    with pytest.raises(ValueError, match="target"):
+        tiled_target_ranks(u, it, target[:5])
+    bad = u.clone()
+    bad[0, 0] = math.nan  # not finite: the untiled path, which checks the scores for NaN
+    with pytest.raises(ValueError, match="NaN"):
+        tiled_target_ranks(bad, it, target)
+    bad[0, 0] = 1e300  # finite, but the product may overflow: the untiled path too
+    assert torch.equal(tiled_target_ranks(bad, it, target)[1:], want[1:])
