@@ -246,10 +246,11 @@ def our_cli(args: argparse.Namespace, log_dir: Path) -> Any:
     if args.converge:
         stoppers = [cb for cb in cli.trainer.callbacks if isinstance(cb, EarlyStopping)]
         keepers = [cb for cb in cli.trainer.callbacks if isinstance(cb, ModelCheckpoint)]
-        if len(stoppers) != 1 or len(keepers) != 1 or stoppers[0].monitor != "val/ndcg@10":
+        watched = [(cb.monitor, cb.mode) for cb in stoppers + keepers]
+        if len(stoppers) != 1 or len(keepers) != 1 or set(watched) != {("val/ndcg@10", "max")}:
             raise SystemExit(
                 f"error: {args.config}: --converge needs one EarlyStopping and one ModelCheckpoint "
-                "on val/ndcg@10 in the trainer's callbacks"
+                "on val/ndcg@10 (mode max) in the trainer's callbacks"
             )
         stoppers[0].patience = args.converge
     return cli

@@ -72,6 +72,7 @@ TOPK_GROUP = 64  # columns per group of the group-max prefilter of ``topk_rows``
 TILE_USERS = 512  # users per score tile of ``torch_topk_tiled``
 TILE_COLUMNS = 4096  # about the columns per score tile (8 MB in float32 with 512 users)
 TILE_GROUP = 8  # columns per group of the tiled prefilter
+RESCORE_ELEMENTS = 1 << 22  # candidate vector elements gathered at a time (16 MB in float32)
 
 
 # ----------------------------------------------------------------------------- ranks
@@ -357,6 +358,7 @@ def _tile_layout(n: int, group: int, tile_columns: int) -> tuple[int, int]:
     return tiles, n // (tiles * group)
 
 
+@torch.no_grad()
 def torch_topk_tiled(
     user_vecs: Tensor,
     item_vecs: Tensor,
@@ -382,8 +384,9 @@ def torch_topk_tiled(
     the k groups with the largest maxima (the argument of :func:`topk_rows`:
     groups may be any partition of the columns); those ``k x group`` columns
     are scored again from their item vectors (a batched product, in the
-    order of the tile's GEMM up to float rounding) and the top k taken; the
-    columns past the last whole group are always candidates.
+    order of the tile's GEMM up to float rounding; the vectors are gathered
+    ``RESCORE_ELEMENTS`` at a time, so a large k costs no more memory) and the
+    top k taken; the columns past the last whole group are always candidates.
 
     Equal to a top-k over the full product except in which of equally scored
     columns is returned and, as between any two GEMMs, for scores within
@@ -423,7 +426,13 @@ def torch_topk_tiled(
             torch.mm(u, items_t[:, t * width : (t + 1) * width], out=tile)  # (c, W)
             torch.amax(tile.view(c, group, stride), dim=1, out=maxima[:c, t])  # (c, stride)
         best = topk_rows(maxima[:c].view(c, groups), k)[1]  # (c, k) group ids
-        cand = torch.bmm(by_group[best].flatten(1, 2), u.unsqueeze(-1)).squeeze(-1)  # (c, k group)
+        per = max(1, RESCORE_ELEMENTS // (k * group * d))  # users per gather of candidates
+        cand = torch.cat(
+            [
+                torch.bmm(by_group[b].flatten(1, 2), v.unsqueeze(-1)).squeeze(-1)
+                for b, v in zip(best.split(per), u.split(per))
+            ]
+        )  # (c, k group)
         cols = cols_of[best].flatten(1)  # (c, k group)
         if covered < n:
             cand = torch.cat([cand, u @ items_t[:, covered:]], dim=1)
@@ -463,6 +472,7 @@ def topk_rows(scores: Tensor, k: int, group: int = TOPK_GROUP) -> tuple[Tensor, 
     return v, cols.gather(1, j)
 
 
+@torch.no_grad()
 def chunked_target_ranks(
     user_vecs: Tensor,
     item_vecs: Tensor,
@@ -491,6 +501,7 @@ def chunked_target_ranks(
     return torch.cat(parts)
 
 
+@torch.no_grad()
 def tiled_target_ranks(
     user_vecs: Tensor,
     item_vecs: Tensor,
@@ -500,15 +511,18 @@ def tiled_target_ranks(
 ) -> Tensor:
     """Full pessimistic ranks (U,) of ``target`` (U,), a cache-sized score tile at a time.
 
-    ``rank_u = #{j >= 1, j != t_u : <user_u, item_j> >= s_u}`` with the target's score
-    ``s_u = <user_u, item_t>`` taken once per user as a row dot product; every tile of
-    scores (``tile_users x tile_columns``, one reused buffer, see
-    :func:`torch_topk_tiled`) adds its count of scores at or above ``s_u``, and the
-    target's own column is taken out from the tile that holds it. The same ranks as
-    :func:`target_ranks` on the full product up to float rounding between the row dot
-    and the GEMM (equal where scores are exact, e.g. integer-valued vectors; tests).
-    Inputs whose product could overflow (and so hold NaN) go through the untiled path,
-    which checks for NaN.
+    ``rank_u = #{j >= 1, j != t_u : s_uj >= s_ut}`` with every score, the target's
+    included, taken from the same tile GEMMs (``tile_users x tile_columns``, one reused
+    buffer, see :func:`torch_topk_tiled`), so that scores equal in those products (a
+    degenerate model's, duplicate items') count against the target as in
+    :func:`target_ranks`. The users are sorted by target, so a block of users has its
+    targets in one or two tiles: those tiles are computed first for the target scores
+    (the same call on the same buffers as in the counting pass, hence the same values),
+    then every tile adds its count of scores at or above them, and the target's own
+    column is taken out in the tile that holds it. The same ranks as ``target_ranks``
+    on one full product wherever that product's values equal the tiles' (tests, with
+    ties and duplicate items). Inputs that are not finite or whose product could
+    overflow go through the untiled path, which checks for NaN.
     """
     if min(tile_users, tile_columns) < 1:
         raise ValueError("tile_users and tile_columns must be >= 1")
@@ -522,31 +536,43 @@ def tiled_target_ranks(
         raise ValueError(f"target ids must be in 1..{n - 1} (0 is padding)")
     dtype = torch.promote_types(user_vecs.dtype, item_vecs.dtype)
     users, items = user_vecs.to(dtype), item_vecs.to(dtype)
-    bound = users.abs().amax() * items.abs().amax() * users.shape[1] if users.numel() else 0.0
-    if not bool(torch.isfinite(torch.as_tensor(bound, dtype=dtype)).item()):
-        return chunked_target_ranks(user_vecs, item_vecs, target, tiled=False)
+    if users.numel() and items.numel():
+        # |s| <= max|u| max|v| d: below the dtype's largest value, no inf and so no NaN
+        bound = float(users.abs().amax()) * float(items.abs().amax()) * users.shape[1]
+        if not bound < torch.finfo(dtype).max:  # also False for NaN
+            return chunked_target_ranks(user_vecs, item_vecs, target, tiled=False)
     items_t = items[1:].T.contiguous()  # (d, N - 1): real items, column j is item j + 1
     real = items_t.shape[1]
-    tgt = target.long() - 1  # (U,) column of the target
-    t_score = (users * items[target.long()]).sum(-1, keepdim=True)  # (U, 1)
+    order = torch.argsort(target, stable=True)  # users by target: few target tiles a block
+    tgt = target[order].long() - 1  # (U,) column of each sorted user's target
+    users = users[order]
     buf = users.new_empty((tile_users, min(tile_columns, real)))
     above = torch.empty(buf.shape, dtype=torch.bool, device=users.device)
-    parts = []
-    for u, s_u, col in zip(
-        users.split(tile_users), t_score.split(tile_users), tgt.split(tile_users)
-    ):
+    ranks = torch.empty(users.shape[0], dtype=torch.long, device=users.device)
+
+    def tile_of(u: Tensor, j: int) -> Tensor:  # one call shape per tile, in both passes
+        w = min(tile_columns, real - j)
+        return torch.mm(u, items_t[:, j : j + w], out=buf[: u.shape[0], :w])  # (c, w)
+
+    for u, col, idx in zip(users.split(tile_users), tgt.split(tile_users), order.split(tile_users)):
         c = u.shape[0]
+        t_score = u.new_empty(c, 1)
+        for j in (col.div(tile_columns, rounding_mode="floor").unique() * tile_columns).tolist():
+            tile = tile_of(u, j)
+            rows = ((col >= j) & (col < j + tile.shape[1])).nonzero().squeeze(1)
+            t_score[rows, 0] = tile[rows, col[rows] - j]
         count = torch.zeros(c, dtype=torch.int32, device=users.device)
         self_count = torch.zeros(c, dtype=torch.int32, device=users.device)
         for j in range(0, real, tile_columns):
-            w = min(tile_columns, real - j)
-            tile = torch.mm(u, items_t[:, j : j + w], out=buf[:c, :w])  # (c, w)
-            count += torch.ge(tile, s_u, out=above[:c, :w]).sum(1, dtype=torch.int32)
-            rows = ((col >= j) & (col < j + w)).nonzero().squeeze(1)  # targets in this tile
-            if rows.numel():
-                self_count[rows] = (tile[rows, col[rows] - j] >= s_u[rows, 0]).int()
-        parts.append((count - self_count).long())
-    return torch.cat(parts) if parts else target.new_zeros(0, dtype=torch.long)
+            tile = tile_of(u, j)
+            count += torch.ge(tile, t_score, out=above[:c, : tile.shape[1]]).sum(
+                1, dtype=torch.int32
+            )
+            rows = ((col >= j) & (col < j + tile.shape[1])).nonzero().squeeze(1)
+            if rows.numel():  # the target itself: at or above its own score
+                self_count[rows] = (tile[rows, col[rows] - j] >= t_score[rows, 0]).int()
+        ranks[idx] = (count - self_count).long()
+    return ranks
 
 
 def ranks_from_topk(ids: Tensor, target: Tensor) -> Tensor:

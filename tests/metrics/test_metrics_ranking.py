@@ -302,3 +302,45 @@ def test_tiled_target_ranks_on_random_scores_and_bad_input():
         tiled_target_ranks(bad, it, target)
     bad[0, 0] = 1e300  # finite, but the product may overflow: the untiled path too
     assert torch.equal(tiled_target_ranks(bad, it, target)[1:], want[1:])
+
+
+def test_tiled_ranks_count_equal_scores_against_the_target():
+    """Scores equal in the products count against the target (pessimistic ties), also
+    where a row dot product would round the target's score differently: a duplicate of
+    every target item, and a degenerate model whose items are all one vector."""
+    g = torch.Generator().manual_seed(0)
+    u, it = torch.randn(1000, 64, generator=g), torch.randn(5001, 64, generator=g)
+    it[5000] = it[7]
+    target = torch.full((1000,), 7)
+    target[::2] = torch.randint(1, 5000, (500,), generator=g)
+    want = target_ranks(u @ it.T, target)
+    got = tiled_target_ranks(u, it, target, tile_columns=1024)
+    assert torch.equal(got, want)
+    assert (got[1::2] >= 1).all()  # the duplicate always counts above target 7
+    same = torch.randn(1, 64, generator=g).expand(300, 64).contiguous()  # items all alike
+    for dtype in (torch.float32, torch.bfloat16):
+        r = tiled_target_ranks(u[:50].to(dtype), same.to(dtype), torch.randint(1, 300, (50,)))
+        assert (r == 298).all(), dtype  # every other real item ties: rank N - 2
+
+
+def test_ranking_helpers_take_parameters_that_require_grad():
+    """Embedding tables straight from a model (requires_grad) work: no out= error."""
+    u = torch.nn.Parameter(torch.randn(20, 8))
+    it = torch.nn.Parameter(torch.randn(3000, 8))
+    target = torch.randint(1, 3000, (20,))
+    want = target_ranks((u @ it.T).detach(), target)
+    assert torch.equal(chunked_target_ranks(u, it, target), want)
+    assert torch.equal(chunked_target_ranks(u, it, target, chunk=7, tiled=False), want)
+    v, i = torch_topk_chunked(u, it, 5)
+    assert torch.equal(i, torch_topk_chunked(u.detach(), it.detach(), 5, tiled=False)[1])
+    assert not v.requires_grad
+
+
+def test_tiled_topk_with_a_large_k_gathers_candidates_in_parts(monkeypatch):
+    import bft_lightning.metrics.ranking as R
+
+    monkeypatch.setattr(R, "RESCORE_ELEMENTS", 1000)  # a few users per gather
+    u, it = _vectors(users=30, items=4001, dim=8, seed=11)
+    v, i = R.torch_topk_tiled(u.double(), it.double(), 40, tile_columns=512)
+    want_v, want_i = (u.double() @ it[1:].double().T).topk(40, dim=1)
+    assert torch.equal(i, want_i + 1) and torch.allclose(v, want_v)
