@@ -551,6 +551,17 @@ def markdown(
         "length) and uses AdamW with weight decay 0 (the same update). Parameters: "
         f"ours {ours['params']:,}, RecBole {rb['params']:,}.",
     ]
+    if args.converge:
+        to_best = [sum(r["epoch_seconds"][: r["best_epoch"] or 0]) / 60 for r in rows]
+        lines += [
+            "",
+            f"At convergence (one seed): test HR@10 ours / RecBole {ours['hr10']:.4f} / "
+            f"{rb['hr10']:.4f} ({ours['hr10'] / rb['hr10'] - 1:+.1%}), NDCG@10 "
+            f"{ours['ndcg10']:.4f} / {rb['ndcg10']:.4f} "
+            f"({ours['ndcg10'] / rb['ndcg10'] - 1:+.1%}). Training time to the best "
+            f"validation epoch (the training epochs' seconds up to it): ours {to_best[0]:.1f} "
+            f"min, RecBole {to_best[1]:.1f} min.",
+        ]
     if args.epochs < 20 and not args.converge:
         lines += [
             "",
@@ -601,6 +612,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--work-dir", type=Path, default=None, help="default: a fresh temp dir in logs/")
     p.add_argument("--results", type=Path, default=ROOT / "results" / "perf" / "vs_recbole.md")
+    p.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        metavar="WORK_DIR",
+        help="only rewrite --results from a finished run's WORK_DIR/summary.json (pass the "
+        "run's own --epochs, --converge and --seed)",
+    )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     if args.epochs < 1 or args.threads < 1:
@@ -612,6 +631,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.report_from is not None:  # rewrite the results file from a finished run
+        summary = args.report_from / "summary.json"
+        if not summary.exists():
+            raise SystemExit(f"error: {summary}: no finished run there")
+        done = json.loads(summary.read_text())
+        args.argv = done["info"].get("argv", args.argv)
+        write_results(args, done["rows"], done["info"])
+        return
     started, load_before = time.perf_counter(), load_average()
     os.environ.update(_thread_env(args.threads))
     torch.set_num_threads(args.threads)
@@ -643,15 +670,23 @@ def main(argv: list[str] | None = None) -> None:
         "data": data,
         "machine": machine_note(args.threads, load_before, load_average()),
         "our_targets": ours["train_targets"],
+        "argv": args.argv,
         "versions": (
             f"Python {platform.python_version()}, torch {ours['torch']} (ours) / "
             f"{versions} (RecBole's environment)"
         ),
     }
-    text = markdown(args, rows, info, time.perf_counter() - started)
+    info["elapsed_s"] = time.perf_counter() - started
+    (work / "summary.json").write_text(json.dumps({"rows": rows, "info": info}, indent=1))
+    write_results(args, rows, info)
+
+
+def write_results(
+    args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str, Any]
+) -> None:
+    text = markdown(args, rows, info, info["elapsed_s"])
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(text)
-    (work / "summary.json").write_text(json.dumps({"rows": rows, "info": info}, indent=1))
     print(text)
     print(f"wrote {args.results}")
 
