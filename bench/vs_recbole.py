@@ -617,8 +617,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="WORK_DIR",
-        help="only rewrite --results from a finished run's WORK_DIR/summary.json (pass the "
-        "run's own --epochs, --converge and --seed)",
+        help="only rewrite --results from a finished run's WORK_DIR/summary.json (described "
+        "with that run's own options)",
     )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
@@ -636,7 +636,10 @@ def main(argv: list[str] | None = None) -> None:
         if not summary.exists():
             raise SystemExit(f"error: {summary}: no finished run there")
         done = json.loads(summary.read_text())
-        args.argv = done["info"].get("argv", args.argv)
+        if "argv" in done["info"]:  # the run's own options (epochs, converge, seed) describe it
+            run_args = parse_args(done["info"]["argv"])
+            run_args.results = args.results
+            args = run_args
         write_results(args, done["rows"], done["info"])
         return
     started, load_before = time.perf_counter(), load_average()

@@ -69,7 +69,7 @@ def test_converged_report_reads_the_runs(vs, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "summary.json").write_text(json.dumps({"rows": [ours, rb], "info": info}))
-    vs.main([*argv, "--report-from", str(work)])
+    vs.main(["--results", str(results), "--report-from", str(work)])  # the run's own options
     text = results.read_text()
     assert "| bft_lightning | 10.0 |" in text and "| 6 (2) |" in text and "| 4 (2) |" in text
     assert "0.0700 / 0.0800 (-12.5%)" in text and "0.0350 / 0.0400 (-12.5%)" in text
