@@ -111,7 +111,9 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
             f"--trainer.max_epochs={args.max_epochs}", "--trainer.enable_progress_bar=false",
             f"--trainer.logger.init_args.save_dir={out}", "--trainer.logger.init_args.name=tb",
             "--trainer.logger.init_args.version=0",
-            f"--data.init_args.data_root={args.data_root}", *extra, *args.override]  # fmt: skip
+            f"--data.init_args.data_root={args.data_root}",
+            f"--model.init_args.loss_normalization={args.loss_normalization}",
+            *extra, *args.override]  # fmt: skip
     if args.accelerator:
         argv.append(f"--trainer.accelerator={args.accelerator}")
     cli = cli_main(argv, run=False)
@@ -426,6 +428,12 @@ def main() -> None:
         default=[],
         help="an extra CLI argument for every run, as --override=--trainer.x=1 (repeatable)",
     )
+    p.add_argument(
+        "--loss-normalization", choices=["targets", "rows"], default="targets",
+        help="the task's loss_normalization; the tables in results/rec were run with "
+        "'targets' (per-target means of length-bucketed batches), so that is the default "
+        "here; 'rows' (the task's default) runs go to <dataset>_<backbone>_rows...",
+    )  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
     p.add_argument("--accelerator", default=None, help="override the config's (cpu, gpu, auto)")
     p.add_argument(
@@ -441,6 +449,8 @@ def main() -> None:
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # VARIANT:SEED, for --jobs
 
     args = p.parse_args()
+    if any("loss_normalization" in o for o in args.override):
+        p.error("set the loss normalization with --loss-normalization (it names the run folder)")
     argv = sys.argv[1:]
     # the command as the user typed it (a child of --jobs inherits its parent's)
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -479,7 +489,8 @@ def main() -> None:
 
 
 def _stem(args: argparse.Namespace) -> str:
-    return f"{args.dataset}_{args.backbone}" + (f"_{args.tag}" if args.tag else "")
+    rows = "_rows" if args.loss_normalization == "rows" else ""
+    return f"{args.dataset}_{args.backbone}{rows}" + (f"_{args.tag}" if args.tag else "")
 
 
 def _run_parallel(

@@ -236,6 +236,7 @@ def our_cli(args: argparse.Namespace, log_dir: Path) -> Any:
         f"--trainer.max_epochs={args.epochs}",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.logger.init_args.save_dir={log_dir}", "--trainer.logger.init_args.name=ours",
+        f"--data.init_args.train_rows={args.train_rows}", *args.override,
     ]  # fmt: skip
     argv += (
         ["--trainer.check_val_every_n_epoch=1"]
@@ -279,6 +280,9 @@ def settings_of(cli: Any, config: Path) -> dict[str, Any]:
         "max_len": data["max_len"],
         "batch_size": data["batch_size"],
         "eval_batch_size": data["eval_batch_size"],
+        # ours only (RecBole shuffles rows and averages the loss over a batch's rows)
+        "bucket_by_length": data.get("bucket_by_length", True),
+        "loss_normalization": model.get("loss_normalization", "targets"),
     }
 
 
@@ -324,7 +328,13 @@ def run_ours(cli: Any, converge: bool) -> dict[str, Any]:
     best = "best" if converge else None
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
     test_s = time.perf_counter() - start
-    train = cli.datamodule.train_dataloader().dataset.arrays["seq"]
+    arrays = cli.datamodule.train_dataloader().dataset.arrays
+    train = arrays["seq"]
+    # a position predicts the next item when both are items (not padding); prefix rows
+    # carry their count of targets
+    targets = ((train[:, :-1] > 0) & (train[:, 1:] > 0)).sum()
+    if "num_targets" in arrays:
+        targets = arrays["num_targets"].sum()
     metrics = cli.model.test_results
     return {
         "torch": torch.__version__,
@@ -332,8 +342,7 @@ def run_ours(cli: Any, converge: bool) -> dict[str, Any]:
         "epoch_seconds": timer.times,
         "valid_ndcg10": record.scores,
         "train_rows": int(len(train)),
-        # a position predicts the next item when both are items (not padding)
-        "train_targets": int(((train[:, :-1] > 0) & (train[:, 1:] > 0)).sum()),
+        "train_targets": int(targets),
         "test_users": int(metrics["n"]),
         "params": sum(p.numel() for p in cli.model.parameters()),
         "test_s": test_s,
@@ -540,15 +549,30 @@ def markdown(
             f"{r['framework']} " + ", ".join(f"{t:.1f}" for t in r["epoch_seconds"]) for r in rows
         )
         + ". A sequence is one training row: RecBole trains on every prefix of each user's "
-        f"training part ({rb['rows_per_epoch']:,} rows, one target each), ours on one row per "
-        f"user predicting every next item ({ours['rows_per_epoch']:,} rows, "
-        f"{info['our_targets']:,} targets), so sequences/s are not comparable and targets/s is "
-        "the like-for-like throughput.",
+        f"training part ({rb['rows_per_epoch']:,} rows, one target each), ours "
+        + (
+            f"on the same prefix rows (`train_rows: prefix`, {ours['rows_per_epoch']:,} rows, "
+            f"{info['our_targets']:,} targets)."
+            if args.train_rows == "prefix"
+            else f"on one row per user predicting every next item ({ours['rows_per_epoch']:,} "
+            f"rows, {info['our_targets']:,} targets), so sequences/s are not comparable and "
+            "targets/s is the like-for-like throughput."
+        ),
         "",
         "Differences that remain: RecBole's SASRec is post-norm with a LayerNorm on the input "
         "embeddings, pads every row to the full length and uses Adam; ours is pre-norm, scales "
-        "item embeddings by sqrt(d), trims each batch to its longest row (batches bucketed by "
-        "length) and uses AdamW with weight decay 0 (the same update). Parameters: "
+        "item embeddings by sqrt(d), trims each batch to its longest row "
+        + (
+            "(batches bucketed by length, "
+            + (
+                "the loss divided by the batch's rows)"
+                if s.get("loss_normalization") == "rows"
+                else "the loss a mean over the batch's targets)"
+            )
+            if s.get("bucket_by_length", True)
+            else "(rows shuffled, not bucketed)"
+        )
+        + " and uses AdamW with weight decay 0 (the same update). Parameters: "
         f"ours {ours['params']:,}, RecBole {rb['params']:,}.",
     ]
     if args.converge:
@@ -562,7 +586,7 @@ def markdown(
             f"validation epoch (the training epochs' seconds up to it): ours {to_best[0]:.1f} "
             f"min, RecBole {to_best[1]:.1f} min.",
         ]
-    if args.epochs < 20 and not args.converge:
+    if args.epochs < 20 and not args.converge and args.train_rows == "user":
         lines += [
             "",
             f"Accuracy after {_plural(args.epochs, 'epoch')} is not comparable: both models are "
@@ -599,6 +623,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=ROOT / "configs" / "experiments" / "sasrec_off_beauty.yaml",
         help="our experiment config (SASRec, precision=off, loss=ce)",
+    )
+    p.add_argument(
+        "--train-rows",
+        choices=["user", "prefix"],
+        default="user",
+        help="our training rows: one per user (every position a target) or one per target "
+        "(every prefix, RecBole's view); see SequenceDataModule",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="an extra argument of our CLI, as --override=--data.init_args.x=1 (repeatable); "
+        "RecBole's settings follow the resulting config",
     )
     p.add_argument("--data-root", type=Path, default=ROOT.parent / "shared" / "data")
     p.add_argument("--venv", type=Path, default=ROOT / "logs" / "venv-recbole")

@@ -10,6 +10,8 @@ Train (one row per user whose training part has >= 2 items; shuffled with ``seed
     recent window (SASRec practice).
     ``user`` ``(B,)`` long: 0-based user index over all users.
     ``seq_time`` ``(B, max_len+1)`` long unix seconds, 0 at padding (only with timestamps).
+    With ``train_rows="prefix"`` a row per training target instead, ending at it,
+    and ``num_targets`` ``(B,)`` long (1): only the row's last item is a target.
 
 Validation / test (one row per user with >= 3 items; not shuffled):
     ``input_ids`` ``(B, max_len)`` long: left-padded history before the target
@@ -68,6 +70,11 @@ class LengthBucketSampler(Sampler[int]):
     seen once an epoch. The order changes every epoch (``seed + epoch``;
     ``set_epoch`` pins it, as ``DistributedSampler``'s does). ``pool_batches=1``
     is a plain shuffle (each batch is a random chunk of the permutation).
+    Bucketed batches differ in their number of targets (a batch of long
+    histories holds many times those of a batch of short ones): a loss
+    averaged over each batch's targets then weighs targets unequally, so
+    divide the summed loss by the rows (``SequentialRecommendation``'s
+    default ``loss_normalization="rows"``).
 
     Sharded over ``num_replicas`` processes, the global batches of
     ``batch_size * num_replicas`` rows are formed exactly as one process with
@@ -188,10 +195,23 @@ class SequenceDataModule(L.LightningDataModule):
         download: fetch downloadable datasets (MovieLens-1M, Amazon 5-core) if missing.
         seed: seed of the training shuffle (epoch ``e`` uses ``seed + e``).
         bucket_by_length: batch training rows of similar length together (see
-            ``LengthBucketSampler``); False gives a plain shuffle. Either way the
+            ``LengthBucketSampler``; about half the time per epoch on Amazon
+            Beauty); False gives a plain shuffle. Bucketed batches hold very
+            different numbers of targets, so the task must not average its loss
+            per batch over targets (``SequentialRecommendation``'s
+            ``loss_normalization="rows"``, its default). Either way the
             order is pinned per epoch, sharded over DDP processes by the data
             module itself, and the loader resumes mid-epoch
             (``bft_lightning.utils.ResumableDataLoader``).
+        train_rows: ``"user"`` (one row per user, every position a target) or
+            ``"prefix"`` (one row per target ending at it, loss only at the
+            row's last position, as RecBole serves SASRec; see
+            :func:`~.splits.train_arrays`). The same targets either way (prefix
+            rows also keep those a ``max_len`` window cuts from long
+            histories), but ``"prefix"`` takes about ``mean history length / 2``
+            times the rows' memory and encoder compute per epoch. BERT4Rec's
+            cloze objective masks items anywhere in a row, so for it prefix
+            rows only repeat (augment) the data.
         synthetic_users: users of the synthetic dataset.
         synthetic_items: items of the synthetic dataset.
         synthetic_clusters: item clusters (user tastes) of the synthetic dataset.
@@ -213,6 +233,7 @@ class SequenceDataModule(L.LightningDataModule):
         download: bool = False,
         seed: int = 0,
         bucket_by_length: bool = True,
+        train_rows: str = "user",
         synthetic_users: int = 2000,
         synthetic_items: int = 500,
         synthetic_clusters: int = 20,
@@ -229,7 +250,12 @@ class SequenceDataModule(L.LightningDataModule):
                 raise ValueError(
                     f"SequenceDataModule: {name} must be an integer >= {low}, got {value!r}"
                 )
+        if train_rows not in ("user", "prefix"):
+            raise ValueError(
+                f"SequenceDataModule: train_rows must be 'user' or 'prefix', got {train_rows!r}"
+            )
         self.save_hyperparameters()
+        self.train_rows = train_rows
         self.dataset, self.data_root, self.path, self.format = dataset, data_root, path, format
         self.max_len, self.batch_size, self.eval_batch_size = max_len, batch_size, eval_batch_size
         self.num_workers, self.kcore, self.cache_dir = num_workers, kcore, cache_dir
@@ -300,7 +326,7 @@ class SequenceDataModule(L.LightningDataModule):
         if name not in self._datasets:
             data, split = self._ensure()
             if name == "train":
-                arrays = train_arrays(data, split, self.max_len)
+                arrays = train_arrays(data, split, self.max_len, self.train_rows)
             else:
                 arrays = eval_arrays(data, split, self.max_len, name)
             self._datasets[name] = ArrayDataset(arrays)
@@ -394,7 +420,7 @@ class SequenceDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled training rows (``seq``, ``user``, optional ``seq_time``)."""
+        """Shuffled training rows (``seq``, ``user``, optional ``seq_time`` and ``num_targets``)."""
         return self._loader("train", self.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

@@ -145,19 +145,42 @@ def left_pad(values: np.ndarray, start: np.ndarray, end: np.ndarray, width: int)
     return np.where(valid, values[np.clip(idx, 0, max(len(values) - 1, 0))], 0).astype(np.int64)
 
 
-def train_arrays(data: SequenceData, split: LeaveOneOut, max_len: int) -> dict[str, np.ndarray]:
+def train_arrays(
+    data: SequenceData, split: LeaveOneOut, max_len: int, rows: str = "user"
+) -> dict[str, np.ndarray]:
     """Training rows: ``seq`` ``(R, max_len+1)``, ``user`` ``(R,)``, ``seq_time``.
 
-    One row per user whose training part has >= 2 items: its most recent
-    ``max_len + 1`` training items, left-padded with 0. ``user`` is the 0-based
-    user index in ``data``. ``seq_time`` (0 at padding) only with timestamps.
+    Only users whose training part has >= 2 items get rows; ``user`` is the
+    0-based user index in ``data``, ``seq_time`` (0 at padding) comes with
+    timestamps. Rows are left-padded with 0.
+
+    - ``rows="user"``: one row per user, its most recent ``max_len + 1``
+      training items; every position predicts the next item.
+    - ``rows="prefix"``: one row per training target, as RecBole and the
+      original SASRec data augmentation serve them: for a training part
+      ``i_0 .. i_m`` the rows end at ``i_1, .., i_m`` (each the most recent
+      ``max_len + 1`` items up to there) and an extra key ``num_targets``
+      ``(R,)`` (all 1) tells the model that only the row's last item is a
+      target. The same targets as ``"user"`` (plus those cut off by
+      ``max_len`` in long histories), each in its own row: about
+      ``mean training length / 2`` times the rows' memory (int64).
     """
+    if rows not in ("user", "prefix"):
+        raise ValueError(f"rows must be 'user' or 'prefix', got {rows!r}")
     users = np.flatnonzero(split.train_end - split.train_start >= 2)
     start, end = split.train_start[users], split.train_end[users]
+    extra: dict[str, np.ndarray] = {}
+    if rows == "prefix":
+        count = end - start - 1  # targets i_1 .. i_m of each user
+        first = np.cumsum(count) - count  # each user's first row
+        step = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(first, count)
+        users, start = np.repeat(users, count), np.repeat(start, count)
+        end = start + 2 + step  # one past the row's target
+        extra["num_targets"] = np.ones(len(users), dtype=np.int64)
     out = {"seq": left_pad(data.items, start, end, max_len + 1), "user": users.astype(np.int64)}
     if data.times is not None:
         out["seq_time"] = left_pad(data.times, start, end, max_len + 1)
-    return out
+    return out | extra
 
 
 def eval_arrays(

@@ -164,11 +164,19 @@ class SequentialRecommender(nn.Module):
 
     # -- views of a batch ---------------------------------------------------------------
     def train_view(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(input ids (B, L), labels (B, L) with 0 = no loss, timestamps or None)."""
+        """(input ids (B, L), labels (B, L) with 0 = no loss, timestamps or None).
+
+        A batch with ``num_targets`` ``(B,)`` (prefix rows) keeps labels only at
+        each row's last ``num_targets`` positions.
+        """
         seq = batch["seq"]
         times = batch.get("seq_time")
         inputs = seq[:, :-1]
         labels = seq[:, 1:] * (inputs != 0)  # no target for a position whose input is padding
+        num_targets = batch.get("num_targets")  # prefix rows: only the last positions count
+        if num_targets is not None:
+            pos = torch.arange(labels.shape[1], device=labels.device)
+            labels = labels * (pos >= labels.shape[1] - num_targets.unsqueeze(1))
         return inputs, labels, None if times is None else times[:, :-1]
 
     def eval_view(self, input_ids: Tensor) -> Tensor:

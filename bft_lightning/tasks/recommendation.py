@@ -105,6 +105,22 @@ class SequentialRecommendation(L.LightningModule):
         report_dir: where test reports go; default the logger's directory.
         compile: compile the backbone's encoder with ``torch.compile`` (dynamic
             shapes: batches are trimmed to their longest history).
+        loss_normalization: what a batch's summed loss is divided by:
+            ``"rows"`` (default: its count of rows) or ``"targets"`` (its count
+            of targets, a per-target mean). With batches of mixed lengths the
+            two agree up to a constant, which AdamW ignores. With batches
+            bucketed by length (the DataModule's ``bucket_by_length``, its
+            default) a per-target mean weighs each target of a batch of short
+            histories many times more than one of a batch of long histories
+            (about 25x between batches of 2 and 50 targets a row); dividing by
+            the rows weighs every target alike. On Amazon Beauty (SASRec off,
+            seed 0) ``"targets"`` with bucketing peaked at validation NDCG@10
+            0.0470, ``"rows"`` at 0.0520, as high as unbucketed batches
+            (0.0516) at half their time per epoch. Every target weighs the
+            same except in the epoch's last, smaller batch (``1 / its rows``).
+            ``train/loss`` is logged as the per-target mean either way. A
+            checkpoint saved before this option existed resumes with
+            ``"targets"``, as it was trained.
     """
 
     def __init__(
@@ -124,10 +140,16 @@ class SequentialRecommendation(L.LightningModule):
         ks: tuple[int, ...] = (1, 5, 10, 20),
         report_dir: str | None = None,
         compile: bool = False,
+        loss_normalization: str = "rows",
     ) -> None:
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if loss_normalization not in ("targets", "rows"):
+            raise ValueError(
+                f"loss_normalization must be 'targets' or 'rows', got {loss_normalization!r}"
+            )
+        self.loss_normalization = loss_normalization
         _check_options(num_items=num_items, max_len=max_len, num_negatives=num_negatives,
                        temperature=temperature, lr=lr, weight_decay=weight_decay,
                        prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
@@ -174,10 +196,14 @@ class SequentialRecommendation(L.LightningModule):
         lp = None if log_prec is None else log_prec[sel]
         loss = self.loss(hidden[sel], labels[sel], lp)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(sel.sum()))
+        if self.loss_normalization == "rows":
+            rows = torch.full_like(sel.sum(), labels.shape[0])
+            return self._global_mean(loss * sel.sum() / rows, rows)
         return self._global_mean(loss, sel.sum())
 
     def _global_mean(self, loss: Tensor, count: Tensor) -> Tensor:
-        """Rescale a per-process mean so DDP's gradient average is the mean over all targets.
+        """Rescale a per-process mean so DDP's gradient average is the mean over all targets
+        (or rows: ``count`` is what ``loss`` is a mean over).
 
         DDP averages gradients over processes; processes with different target
         counts would weigh a target by ``1 / (N * its process's count)``. Scaling
@@ -304,6 +330,11 @@ class SequentialRecommendation(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         source = self.trainer.ckpt_path if self._trainer is not None else None
         self.check_checkpoint(checkpoint, str(source or "checkpoint"))
+        hparams = checkpoint.get("hyper_parameters")
+        if isinstance(hparams, dict) and "loss_normalization" not in hparams:
+            # saved before the option existed (and "rows" became the default): a resumed
+            # run goes on with the per-target mean it was trained with
+            self.loss_normalization = "targets"
 
     def check_checkpoint(self, checkpoint: dict[str, Any], source: str = "checkpoint") -> None:
         """Raise a clear ``ValueError`` if ``checkpoint`` cannot be this model's.

@@ -75,5 +75,12 @@ def test_converged_report_reads_the_runs(vs, tmp_path):
     assert "0.0700 / 0.0800 (-12.5%)" in text and "0.0350 / 0.0400 (-12.5%)" in text
     assert "ours 0.3 min, RecBole 3.3 min" in text  # 2 x 10 s and 2 x 100 s
     assert "early stopping after 3 epochs" in text and "--report-from" not in text
+    assert "ours on one row per user" in text
+    info["argv"] = [*argv, "--train-rows", "prefix"]
+    (work / "summary.json").write_text(json.dumps({"rows": [ours, rb], "info": info}))
+    vs.main(["--results", str(results), "--report-from", str(work)])
+    text = results.read_text()
+    assert "ours on the same prefix rows (`train_rows: prefix`" in text
+    assert "--train-rows prefix" in text  # the command that made the table
     with pytest.raises(SystemExit, match="no finished run"):
         vs.main([*argv, "--report-from", str(tmp_path / "missing")])

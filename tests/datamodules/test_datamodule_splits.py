@@ -77,6 +77,32 @@ def test_train_rows_hold_every_prefix_target_or_the_recent_window(max_len):
             assert targets == train[1:]
 
 
+@pytest.mark.parametrize("max_len", [2, 4, 50])
+def test_prefix_rows_one_per_target_ending_at_it(max_len):
+    data = encode(_log())
+    split = leave_one_out(data)
+    arrays = train_arrays(data, split, max_len, rows="prefix")
+    expected, target_times = [], []  # (user, the most recent max_len + 1 items up to a target)
+    for u in range(data.num_users):
+        items = _user_items(data, u)
+        train = items[:-2] if len(items) >= 3 else items
+        for t in range(1, len(train)):
+            kept = train[max(0, t - max_len) : t + 1]
+            expected.append((u, [0] * (max_len + 1 - len(kept)) + kept))
+            target_times.append(int(data.times[data.offsets[u] + t]))
+    got = list(zip(arrays["user"].tolist(), arrays["seq"].tolist()))
+    assert got == expected  # every training target once, including those a window cuts off
+    assert (arrays["num_targets"] == 1).all()
+    assert ((arrays["seq_time"] == 0) == (arrays["seq"] == 0)).all()
+    assert arrays["seq_time"][:, -1].tolist() == target_times
+
+
+def test_train_rows_are_checked():
+    data = encode(_log())
+    with pytest.raises(ValueError, match="rows must be"):
+        train_arrays(data, leave_one_out(data), 3, rows="window")
+
+
 def test_eval_rows_no_leakage_and_alignment():
     data = encode(_log())
     split = leave_one_out(data)

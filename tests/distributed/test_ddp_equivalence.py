@@ -3,8 +3,9 @@
 - Full-ranking test metrics of 2 processes equal those of 1 process on the same
   checkpoint exactly, with every user counted once although the sampler pads.
 - Training with 2 processes x batch b follows 1 process x batch 2b step by step:
-  the bucket sampler forms the same global batches, and the loss is the mean
-  over all targets of the global batch whatever their split between processes.
+  the bucket sampler forms the same global batches, and the loss is the sum over
+  the global batch divided by its rows (or targets) whatever their split between
+  processes.
 """
 
 from __future__ import annotations
@@ -172,7 +173,13 @@ class SGDTask(SequentialRecommendation):
 
 
 def fit_steps(
-    tmp_path, devices: int, batch_size: int, precision: str, sgd: bool, steps: int = 4
+    tmp_path,
+    devices: int,
+    batch_size: int,
+    precision: str,
+    sgd: bool,
+    steps: int = 4,
+    normalization: str = "rows",
 ) -> dict[str, torch.Tensor]:
     L.seed_everything(0)
     dm = data(batch_size=batch_size, users=300)  # an even number of training rows: no padding
@@ -186,7 +193,7 @@ def fit_steps(
         precision=precision,
     )
     model = (SGDTask if sgd else SequentialRecommendation)(
-        dm.num_items, MAX_LEN, backbone=backbone, lr=3e-3
+        dm.num_items, MAX_LEN, backbone=backbone, lr=3e-3, loss_normalization=normalization
     )
     if sgd:  # the running sill is a BatchNorm-like statistic of each process's own batch
         for _, layer in find_filter_layers(model.model):
@@ -200,18 +207,21 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("precision", ["off", "on"])
+@pytest.mark.parametrize(
+    ("precision", "normalization"), [("off", "rows"), ("on", "rows"), ("on", "targets")]
+)
 def test_two_processes_batch_b_take_the_steps_of_one_process_batch_2b(
-    tmp_path, monkeypatch, precision
+    tmp_path, monkeypatch, precision, normalization
 ):
-    """Same global batches, same loss (mean over all its targets): the same gradients."""
+    """Same global batches, same loss (sum over its rows or its targets, divided by
+    their global count): the same gradients."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     b = 16
     L.seed_everything(0)
     start = {k: p.detach().clone() for k, p in task(data(b).num_items).named_parameters()}
-    ddp = fit_steps(tmp_path, 2, b, precision, sgd=True)
-    one = fit_steps(tmp_path, 1, 2 * b, precision, sgd=True)
-    other = fit_steps(tmp_path, 1, b, precision, sgd=True)  # other global batches
+    ddp = fit_steps(tmp_path, 2, b, precision, sgd=True, normalization=normalization)
+    one = fit_steps(tmp_path, 1, 2 * b, precision, sgd=True, normalization=normalization)
+    other = fit_steps(tmp_path, 1, b, precision, sgd=True, normalization=normalization)
     assert max_diff(one, start) > 1e-2 and max_diff(other, one) > 1e-2  # both matter ...
     assert max_diff(ddp, one) < 1e-6  # ... and only round-off separates DDP from one process
 

@@ -13,6 +13,7 @@ from bft_lightning.datamodules import SequenceDataModule
 from bft_lightning.metrics import RankingMetric
 from bft_lightning.models import BERT4Rec, SASRec
 from bft_lightning.tasks import SequentialRecommendation
+from bft_lightning.tasks.recommendation import trim_left_padding
 
 
 def small_data(**kw) -> SequenceDataModule:
@@ -83,6 +84,73 @@ def test_losses_fall(tmp_path, loss: str) -> None:
             opt.step()
         losses.append(float(loss_value))
     assert losses[-1] < 0.8 * losses[0]
+
+
+@pytest.mark.parametrize("precision", ["off", "on"])
+def test_prefix_rows_give_the_same_targets_and_losses(precision: str) -> None:
+    """With positions counted from the first item, a causal model's output for a
+    target does not depend on later items, so serving each target in its own
+    prefix row (loss at its last position) sums to the same loss as one row per
+    user; only the compute per epoch differs."""
+    torch.manual_seed(0)
+    backbone = partial(SASRec, precision=precision, d_model=16, positions="from_start")
+    task = SequentialRecommendation(100, 40, backbone=backbone).eval()
+    totals = {}
+    for rows in ("user", "prefix"):
+        dm = small_data(max_len=40, synthetic_users=60, synthetic_items=100, train_rows=rows)
+        dm.setup("fit")
+        total, count = torch.zeros((), dtype=torch.float64), 0
+        with torch.no_grad():
+            for batch in dm.train_dataloader():
+                ids, labels, times = task.model.train_view(trim_left_padding(batch))
+                hidden, log_prec = task.model.encode(ids, times)
+                sel = labels > 0
+                lp = None if log_prec is None else log_prec[sel]
+                total += task.loss(hidden[sel], labels[sel], lp).double() * int(sel.sum())
+                count += int(sel.sum())
+        totals[rows] = (total.item(), count)
+    longest = int(dm.sequences.lengths.max())
+    assert longest - 2 <= 41, "user rows must hold every training part whole"
+    assert totals["user"][1] == totals["prefix"][1] > 100
+    assert totals["prefix"][0] == pytest.approx(totals["user"][0], rel=1e-5)
+
+
+def test_rows_normalization_weighs_every_target_alike() -> None:
+    """A per-target mean weighs a target by 1 / its batch's target count; dividing
+    the sum by the rows weighs every target alike (batches of equal rows)."""
+    torch.manual_seed(0)
+    seqs = torch.tensor([[0, 0, 0, 0, 3, 4], [0, 0, 0, 0, 5, 6], [1, 2, 3, 4, 5, 6]])
+    short, long = {"seq": seqs[:2]}, {"seq": seqs[2:].expand(2, -1)}  # 1 and 5 targets a row
+    values = {}
+    for norm in ("targets", "rows"):
+        torch.manual_seed(0)
+        task = SequentialRecommendation(
+            6, 5, backbone=partial(SASRec, d_model=16, dropout=0.0), loss_normalization=norm
+        )
+        values[norm] = [task.training_step(b, 0) for b in (short, long)]
+    for t, r, per_row in zip(values["targets"], values["rows"], (1, 5)):
+        assert r.item() == pytest.approx(t.item() * per_row, rel=1e-6)
+    with pytest.raises(ValueError, match="loss_normalization"):
+        SequentialRecommendation(6, 5, loss_normalization="users")
+
+
+def test_checkpoint_from_before_the_option_resumes_with_per_target_means(tmp_path) -> None:
+    dm = small_data(synthetic_users=100, synthetic_items=100)
+    task = SequentialRecommendation(dm.num_items, 20, backbone=partial(SASRec, d_model=16))
+    tr = trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    tr.fit(task, dm)
+    path = tmp_path / "model.ckpt"
+    tr.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    assert ckpt["hyper_parameters"]["loss_normalization"] == "rows"
+    loaded = SequentialRecommendation.load_from_checkpoint(
+        path, backbone=partial(SASRec, d_model=16)
+    )
+    assert loaded.loss_normalization == "rows"
+    del ckpt["hyper_parameters"]["loss_normalization"]  # as saved by earlier versions
+    torch.save(ckpt, path)
+    old = SequentialRecommendation.load_from_checkpoint(path, backbone=partial(SASRec, d_model=16))
+    assert old.loss_normalization == "targets"
 
 
 def test_bert4rec_trains_and_ranks(tmp_path) -> None:
