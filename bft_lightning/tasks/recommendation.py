@@ -112,7 +112,7 @@ class SequentialRecommendation(L.LightningModule):
             bucketed by length (the DataModule's ``bucket_by_length``, its
             default) a per-target mean weighs each target of a batch of short
             histories many times more than one of a batch of long histories
-            (about 25x between batches of 2 and 50 targets a row); dividing by
+            (up to 50x: rows of 1 against 50 targets); dividing by
             the rows weighs every target alike. On Amazon Beauty (SASRec off,
             seed 0) ``"targets"`` with bucketing peaked at validation NDCG@10
             0.0470, ``"rows"`` at 0.0520, as high as unbucketed batches
