@@ -87,12 +87,17 @@ class EpochTimer(L.Callback):
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self._t: float | None = None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
         self._t = time.perf_counter()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
-        self.times.append(time.perf_counter() - self._t)
+        # a run resumed from a checkpoint written at an epoch's end enters here without
+        # that epoch's start: nothing to time
+        if self._t is not None:
+            self.times.append(time.perf_counter() - self._t)
+        self._t = None
 
 
 def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dict | None:
@@ -234,7 +239,7 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
             continue
         hr, nd = _per_user(runs, variant, have)
         hr0, nd0 = _per_user(runs, "off", have)
-        row = {"dataset": args.dataset, "backbone": args.backbone, "tag": args.tag,
+        row = {"dataset": args.dataset, "backbone": args.backbone, "tag": _summary_tag(args),
                "variant": variant, "seeds": have, "hr10": float(hr.mean()),
                "ndcg10": float(nd.mean())}  # fmt: skip
         for q in range(4):
@@ -297,7 +302,8 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
     shared = any(r.get("jobs", 1) > 1 for r in rows)
-    title = f"{args.backbone} on {args.dataset}" + (f" ({args.tag})" if args.tag else "")
+    tag = _summary_tag(args).replace("rows", "loss per batch row")
+    title = f"{args.backbone} on {args.dataset}" + (f" ({tag})" if tag else "")
     lines = [f"# {title}: precision off vs on", "",
              "Command" + ("s" if len(commands) > 1 else "") + ": "
              + ", ".join(f"`{c}`" for c in commands), "",
@@ -486,6 +492,14 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         run_one(args, variant, seed, out)
         report(args, load_runs(base, list(VARIANTS)))
+
+
+def _summary_tag(args: argparse.Namespace) -> str:
+    """The table's setting in ``summary.json``: ``--tag``, prefixed by ``rows`` for runs
+    with ``--loss-normalization rows`` (so they never share a key with the older tables)."""
+    if args.loss_normalization != "rows":
+        return args.tag
+    return "rows" + (f"_{args.tag}" if args.tag else "")
 
 
 def _stem(args: argparse.Namespace) -> str:

@@ -124,8 +124,12 @@ def test_reproduce_summary_has_same_seed_differences_overall_and_on_the_rarest(t
     runs = rr.load_runs(tmp_path / "t", ["off", "on_frequency"])
     for run in runs.values():  # fields a finished run's summary has
         run["summary"].update(sec_per_epoch=1.0, epochs=3, best_epoch=2, tau=None)
-    args = argparse.Namespace(dataset="d", backbone="b", tag="")
+    args = argparse.Namespace(dataset="d", backbone="b", tag="", loss_normalization="targets")
     (row,) = [r for r in rr.summarise(args, runs, [0, 1], tmp_path) if r["variant"] != "off"]
+    assert row["tag"] == ""
+    # runs with the loss per batch row never share a summary key with the older tables
+    rows_args = argparse.Namespace(dataset="d", backbone="b", tag="x", loss_normalization="rows")
+    assert {r["tag"] for r in rr.summarise(rows_args, runs, [0, 1], tmp_path)} == {"rows_x"}
     first = runs["off", 0]
     freq = torch.as_tensor(first["item_frequency"])
     q = assign_item_stratum(
