@@ -302,7 +302,9 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
     shared = any(r.get("jobs", 1) > 1 for r in rows)
-    tag = _summary_tag(args).replace("rows", "loss per batch row")
+    tag = args.tag
+    if args.loss_normalization == "rows":
+        tag = "loss per batch row" + (f", {args.tag}" if args.tag else "")
     title = f"{args.backbone} on {args.dataset}" + (f" ({tag})" if tag else "")
     lines = [f"# {title}: precision off vs on", "",
              "Command" + ("s" if len(commands) > 1 else "") + ": "
