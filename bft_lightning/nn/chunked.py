@@ -105,6 +105,47 @@ def _keys(k: Tensor) -> Tensor:
     return k.reshape(b * h, s, dh).transpose(1, 2)
 
 
+def _covers_all(spans: list[Span], t: int) -> bool:
+    """Whether one block computes every query row (a single block with keys)."""
+    return len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == t and spans[0][2] < spans[0][3]
+
+
+def _heads_last(like: Tensor, d: int | None = None) -> Tensor:
+    """An empty (B, H, T, d) tensor (``like``'s shape, or its last dim ``d``) laid
+    out as (B, T, H, d): the heads of a gradient or an output then merge into
+    (B, T, H d) as a view, not a copy."""
+    b, h, t, d_like = like.shape
+    return like.new_empty(b, t, h, d_like if d is None else d).transpose(1, 2)
+
+
+def _accumulate(
+    buf: Tensor | None,
+    like: Tensor,
+    rows: tuple[int, int],
+    value: Tensor,
+    rows_dim: int = 2,
+    channels: int | None = None,
+    scale: float = 1.0,
+    heads_last: bool = False,
+) -> Tensor:
+    """``buf[rows] += scale * value`` along ``rows_dim`` (and the first ``channels``
+    of the last dim, or all of it). On first use ``buf`` is allocated like ``like``
+    (laid out heads last with ``heads_last``): zeros, unless ``value`` covers all
+    of it, which is then written without zeros first (a single block)."""
+    r0, r1 = rows
+    if buf is None:
+        covers = channels is None and value.shape == like.shape
+        buf = _heads_last(like) if heads_last else torch.empty_like(like)
+        if covers:
+            return torch.mul(value, scale, out=buf)
+        buf.zero_()
+    view = buf.narrow(rows_dim, r0, r1 - r0)
+    if channels is not None:
+        view = view[..., :channels]
+    view.add_(value, alpha=scale)
+    return buf
+
+
 _MASK_LEVELS = 1 << 16  # the keep probability's resolution: 16 random bits per weight
 
 
@@ -162,12 +203,26 @@ class _ChunkedKriging(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor]:
         b, h, t, _ = q.shape
         dv = v.shape[-1]
+        # one copy each into (B, H, T, d_h) order: the products below then read
+        # them in place, here and in the backward (q, k, v arrive as transposed
+        # views of the input projection, which every product would copy again)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         kt = _keys(k)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         spans = _key_spans(allowed, chunk)
-        e_aug = q.new_zeros(b, h, t, dv + 1)  # rows of a block with no key stay 0
-        sum_p_sq = q.new_zeros(b, h, t)
-        out = q.new_zeros(b, h, t, dv) if dropout_p > 0 else None
+        whole = _covers_all(spans, t)
+        # rows of a block with no key stay 0; a single block writing every row
+        # needs no zeros first
+        new = q.new_empty if whole else q.new_zeros
+        e_aug = new(b, h, t, dv + 1)
+        sum_p_sq = new(b, h, t)
+        # the output is laid out (B, T, H, d_h), so the caller's merge of the heads
+        # into (B, T, d) is a view, not a copy
+        out = None
+        if dropout_p > 0:
+            out = _heads_last(q, dv)
+            if not whole:
+                out.zero_()
         keep_weights = keep_weights and len(spans) == 1
         kept: list[Tensor | None] = [None, None, None]  # weights, has-key, dropout bits
         for index, span in enumerate(spans):
@@ -175,20 +230,20 @@ class _ChunkedKriging(torch.autograd.Function):
             if s0 == s1:
                 continue
             p, has_key = _block(q, kt, bias, allowed, span)
-            e_aug[:, :, i0:i1] = (p @ v_aug[:, :, s0:s1]) * has_key
-            sum_p_sq[:, :, i0:i1] = torch.linalg.vecdot(p, p) * has_key[..., 0]
+            torch.mul(p @ v_aug[:, :, s0:s1], has_key, out=e_aug[:, :, i0:i1])
+            torch.mul(torch.linalg.vecdot(p, p), has_key[..., 0], out=sum_p_sq[:, :, i0:i1])
             bits = None
             if out is not None:
                 bits, factor = _keep_bits(p, dropout_p, seed, index)
                 dropped = bits.to(p.dtype).mul_(factor).mul_(p)
-                out[:, :, i0:i1] = (dropped @ v[:, :, s0:s1]) * has_key
+                torch.mul(dropped @ v[:, :, s0:s1], has_key, out=out[:, :, i0:i1])
             if keep_weights:
                 kept = [p, has_key, bits]
         ctx.save_for_backward(q, k, v, bias, allowed, *kept)  # type: ignore[arg-type]
         ctx.set_materialize_grads(False)  # an unused output costs nothing in the backward
         ctx.dropout_p, ctx.spans, ctx.seed = dropout_p, spans, seed  # type: ignore[attr-defined]
         if out is None:
-            out = e_aug[..., :-1].clone()
+            out = _heads_last(q, dv).copy_(e_aug[..., :-1])
         return out, e_aug, sum_p_sq
 
     @staticmethod
@@ -209,11 +264,14 @@ class _ChunkedKriging(torch.autograd.Function):
         scale = 1.0 / math.sqrt(dh)
         kt = _keys(k)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
-        dq = torch.zeros_like(q)
-        dk = torch.zeros_like(k)
-        dv_aug = torch.zeros_like(v_aug)
+        # gradients start as None: a block that covers the whole tensor sets it
+        # (no zeros, no copy), others add into zeros (_accumulate)
+        dq: Tensor | None = None
+        dk: Tensor | None = None
+        dv_aug: Tensor | None = None
+        dbias: Tensor | None = None
         needs_grad: tuple[bool, ...] = ctx.needs_input_grad  # type: ignore[attr-defined]
-        dbias = torch.zeros_like(bias) if bias is not None and needs_grad[3] else None
+        want_bias = bias is not None and needs_grad[3]
         if g_out is not None and dropout_p == 0:
             # without dropout the output is the estimate: one product serves both
             g_e = q.new_zeros(*q.shape[:3], dv + 1) if g_e is None else g_e.clone()
@@ -231,14 +289,18 @@ class _ChunkedKriging(torch.autograd.Function):
             if g_e is not None:
                 ge = g_e[:, :, i0:i1] * has_key
                 grad_p = ge @ v_aug[:, :, s0:s1].transpose(-1, -2)
-                dv_aug[:, :, s0:s1] += p.transpose(-1, -2) @ ge
+                dv_aug = _accumulate(dv_aug, v_aug, (s0, s1), p.transpose(-1, -2) @ ge)
             if g_out is not None:  # with dropout (otherwise folded into g_e above)
-                go = g_out[:, :, i0:i1] * has_key
+                # contiguous, so both products below read it in place (g_out comes
+                # heads last, from the merge of the heads after this function)
+                go = torch.mul(g_out[:, :, i0:i1], has_key, out=p.new_empty(*p.shape[:3], dv))
                 if kept_bits is not None:
                     mask = kept_bits.to(p.dtype).mul_(_keep_factor(dropout_p))
                 else:
                     mask = _keep_mask(p, dropout_p, seed, index)
-                dv_aug[:, :, s0:s1, :-1] += (mask * p).transpose(-1, -2) @ go
+                dv_aug = _accumulate(
+                    dv_aug, v_aug, (s0, s1), (mask * p).transpose(-1, -2) @ go, channels=dv
+                )
                 from_out = (go @ v[:, :, s0:s1].transpose(-1, -2)).mul_(mask)
                 grad_p = from_out if grad_p is None else grad_p.add_(from_out)
             if g_p is not None:
@@ -248,11 +310,27 @@ class _ChunkedKriging(torch.autograd.Function):
                 continue
             # ds = p * (G - sum_k p_k G_k), in place on G
             ds = grad_p.sub_(torch.linalg.vecdot(p, grad_p).unsqueeze(-1)).mul_(p)
-            dq[:, :, i0:i1] = (ds @ k[:, :, s0:s1]) * scale
-            dk[:, :, s0:s1] += (ds.transpose(-1, -2) @ q[:, :, i0:i1]) * scale
-            if dbias is not None:
-                dbias[..., s0:s1] += ds.sum(-2)
-        grad_v = dv_aug[..., :-1] + dv_aug[..., -1:] * (2.0 / dv) * v
+            # the gradients of q and k laid out heads last, as the input projection's
+            # output they flow back into (so autograd merges their heads as a view)
+            dq = _accumulate(dq, q, (i0, i1), ds @ k[:, :, s0:s1], scale=scale, heads_last=True)
+            dk = _accumulate(
+                dk, k, (s0, s1), ds.transpose(-1, -2) @ q[:, :, i0:i1], scale=scale,
+                heads_last=True,
+            )  # fmt: skip
+            if want_bias:
+                assert bias is not None
+                dbias = _accumulate(dbias, bias, (s0, s1), ds.sum(-2), rows_dim=-1)
+        if dq is None:
+            dq = _heads_last(q).zero_()
+        if dk is None:
+            dk = _heads_last(k).zero_()
+        if want_bias and dbias is None:
+            dbias = torch.zeros_like(bias)
+        grad_v = _heads_last(v)
+        if dv_aug is None:
+            grad_v.zero_()
+        else:  # through ||v||^2 / d_h too
+            torch.addcmul(dv_aug[..., :-1], dv_aug[..., -1:], v, value=2.0 / dv, out=grad_v)
         return dq, dk, grad_v, dbias, None, None, None, None, None
 
 

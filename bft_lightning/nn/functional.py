@@ -184,7 +184,7 @@ def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: 
     run its training forwards in step, as DDP does).
     values: (B, H, T, d_h); valid: (B, T); sill: (H,).
     """
-    v = values.double().transpose(1, 2)[valid]  # (N, H, d_h)
+    v = values.transpose(1, 2)[valid].double()  # (N, H, d_h): select, then widen
     moments = torch.cat(
         [v.sum(dim=(0, 2)), v.square().sum(dim=(0, 2)), v.new_tensor([float(v.shape[0])])]
     )  # per head: sum, sum of squares; then the count N
@@ -361,6 +361,58 @@ def activation_jacobian_product(a: Tensor, m: Tensor, activation: str) -> Tensor
     if torch.compiler.is_compiling():
         return upcast(activation_derivative(a, activation)) @ m
     return _ActivationJacobianProduct.apply(a, m, activation)
+
+
+class _GeluWithJacobian(torch.autograd.Function):
+    """``gelu(a)`` and ``phi'(a) @ M`` in one Function that shares ``phi'(a)``.
+
+    Separately, the backward evaluates ``phi'(a)`` twice over (B, T, F): once
+    inside GELU's own backward (``grad * phi'(a)``, a fused kernel) and once
+    for ``M``'s gradient. Here it is evaluated once and GELU's gradient is a
+    product with it: ``da = g_act phi'(a) + (g_jac M^T) phi''(a)``,
+    ``dM = phi'(a)^T g_jac``. Keeps ``a`` and ``M`` only, like GELU itself.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        ctx.save_for_backward(a, m)
+        ctx.set_materialize_grads(False)
+        act = F.gelu(a)  # as the FFN computes it, under autocast too
+        with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
+            return act, _activation_derivative_eager(a, "gelu") @ upcast(m)
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx, g_act: Tensor | None, g_jac: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        a, m = ctx.saved_tensors
+        needs_a, needs_m = ctx.needs_input_grad
+        dphi = _activation_derivative_eager(a, "gelu")  # float32 (B, T, F)
+        grad_a = grad_m = None
+        if needs_a:
+            grad_a = dphi * g_act if g_act is not None else torch.zeros_like(dphi)
+            if g_jac is not None:
+                grad_a.addcmul_(g_jac @ m.t(), _gelu_second_derivative(upcast(a)))
+            grad_a = grad_a.to(a.dtype)
+        if needs_m and g_jac is not None:
+            grad_m = dphi.reshape(-1, dphi.shape[-1]).t() @ g_jac.reshape(-1, g_jac.shape[-1])
+        return grad_a, grad_m
+
+
+def activation_with_jacobian(a: Tensor, m: Tensor, activation: str) -> tuple[Tensor, Tensor]:
+    """``(phi(a), phi'(a) @ M)``: the FFN's activation and the Jacobian product.
+
+    The same values and gradients as ``phi(a)`` and
+    :func:`activation_jacobian_product`; for the exact GELU in eager mode one
+    Function evaluates ``phi'(a)`` once in the backward for both (a traced graph
+    and ReLU use the plain ops, the latter's derivative being a step).
+    """
+    if activation == "gelu" and not torch.compiler.is_compiling():
+        act, jac = _GeluWithJacobian.apply(a, m)
+        return act, jac
+    act = F.gelu(a) if activation == "gelu" else F.relu(a)
+    return act, activation_jacobian_product(a, m, activation)
 
 
 def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:

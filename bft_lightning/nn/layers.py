@@ -272,13 +272,16 @@ class BFTEncoderLayer(nn.Module):
         else:
             h = h + BF.scale_groups(self.dropout1(z), gain)
         # predict: FFN dynamics plus process noise
-        f, a = self._ffn(self.norm2(h))
         with fp32:
             m = BF.ffn_jacobian_matrix(
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
             )
+        a = self.linear1(self.norm2(h))  # (B, T, F)
+        act, jac = BF.activation_with_jacobian(a, m, self.activation)
+        f = self.linear2(self.dropout(act))
+        with fp32:
             sigma_norm2 = BF.norm_sigma(h, self.norm2.eps).unsqueeze(-1)  # (B, T, 1) float32
-            jbar = BF.activation_jacobian_product(a, m, self.activation) / sigma_norm2
+            jbar = jac / sigma_norm2
             q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
             lp_out = BF.predict_log_precision(lp_post, jbar, q)
         h = h + self.dropout2(f)

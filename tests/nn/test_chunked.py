@@ -327,3 +327,39 @@ def test_direct_call_under_autocast_recomputes_and_backpropagates():
         out = chunked_attention(*leaves[:3], allowed, leaves[3], 0.2, 16, keep_weights=True)
     sum(o.float().square().sum() for o in out).backward()
     assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("chunk", [4, 16])
+def test_projection_views_in_heads_merge_as_views(dropout, chunk):
+    """q, k, v as the layer passes them (transposed views of one projection) give the
+    values and gradients of contiguous copies; the output and the gradients come
+    back laid out heads last, so merging the heads into (B, T, H d_h) is a view."""
+    b, h, t, dh = 2, 3, 12, 4
+    g = torch.Generator().manual_seed(5)
+    proj = torch.randn(b, t, 3 * h * dh, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(b, h, t, generator=g, dtype=torch.float64)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[0, :3] = False
+    allowed = build_allowed(valid, True)
+
+    def run(make_contiguous):
+        q, k, v = (y.view(b, t, h, dh).transpose(1, 2) for y in proj.chunk(3, dim=-1))
+        if make_contiguous:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        torch.manual_seed(0)  # the same dropout seed for both calls
+        out, e, m, sp = chunked_attention(q, k, v, allowed, bias, dropout, chunk)
+        assert out.transpose(1, 2).is_contiguous()
+        leaves = (q, k, v)
+        grads = torch.autograd.grad(
+            out.square().sum() + e.sum() + m.sum() + sp.sum(), leaves, retain_graph=True
+        )
+        return [out, e, m, sp], grads
+
+    outs_view, grads_view = run(False)
+    outs_cont, grads_cont = run(True)
+    for a, r in zip(outs_view, outs_cont, strict=True):
+        torch.testing.assert_close(a, r, rtol=0, atol=0)
+    for a, r in zip(grads_view, grads_cont, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+        assert a.transpose(1, 2).is_contiguous()

@@ -206,3 +206,44 @@ def test_activation_jacobian_product_keeps_only_a_and_m(activation: str) -> None
         BF.activation_jacobian_product(a, m, activation)
     big = [t for t in saved if t.shape == a.shape]
     assert len(big) == 1 and big[0] is a
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_activation_with_jacobian_equals_separate_ops(activation: str) -> None:
+    """phi(a) and phi'(a) @ M from one Function: the values and gradients of the
+    activation and the Jacobian product computed apart (float64, gradcheck), also
+    when only one of the two outputs is used."""
+    a = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
+    m = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
+    act, jac = BF.activation_with_jacobian(a, m, activation)
+    a2, m2 = a.detach().clone().requires_grad_(), m.detach().clone().requires_grad_()
+    phi = torch.nn.functional.gelu if activation == "gelu" else torch.nn.functional.relu
+    act2, jac2 = phi(a2), BF.activation_jacobian_product(a2, m2, activation)
+    torch.testing.assert_close(act, act2, rtol=0, atol=0)
+    torch.testing.assert_close(jac, jac2, rtol=0, atol=0)
+    w1, w2 = torch.randn_like(act), torch.randn_like(jac)
+    for use in ("both", "act", "jac"):
+
+        def loss(x, y, use=use):  # an output left out is not in the graph at all
+            if use == "act":
+                return (x * w1).sum()
+            if use == "jac":
+                return (y * w2).sum()
+            return (x * w1).sum() + (y * w2).sum()
+
+        got = torch.autograd.grad(loss(act, jac), (a, m), retain_graph=True, allow_unused=True)
+        want = torch.autograd.grad(loss(act2, jac2), (a2, m2), retain_graph=True, allow_unused=True)
+        for g, r in zip(got, want, strict=True):
+            if r is None:  # unused by the plain ops: zero or None here
+                assert g is None or not g.any(), use
+            else:
+                torch.testing.assert_close(g, r, msg=use)
+    if activation == "gelu":
+        assert torch.autograd.gradcheck(
+            lambda x, y: BF.activation_with_jacobian(x, y, "gelu"), (a, m)
+        )
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            BF.activation_with_jacobian(a, m, activation)
+        big = [t for t in saved if t.shape == a.shape]
+        assert len(big) == 1 and big[0] is a
