@@ -26,6 +26,7 @@ REC = ROOT / "results" / "rec"
 # The comparisons FINDINGS.md reads, in its order.
 DEFAULT = [
     "Beauty SASRec, dropout 0.2, loss per row=beauty:sasrec:rows:on_tau_lr10",
+    "Beauty SASRec, dropout 0.3, loss per row=beauty:sasrec:rows_dropout03:on_tau_lr10",
     "Beauty SASRec, dropout 0.5, loss per row=beauty:sasrec:rows_dropout05:on_tau_lr10",
     "Beauty SASRec, val. choice, loss per row=selected/beauty_sasrec_rows",
     "Beauty SASRec, dropout 0.2=beauty:sasrec::on_tau_lr10",
