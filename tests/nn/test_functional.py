@@ -201,9 +201,14 @@ def test_activation_jacobian_product_keeps_only_a_and_m(activation: str) -> None
         assert torch.autograd.gradcheck(
             lambda x, y: BF.activation_jacobian_product(x, y, "gelu"), (a, m)
         )
+    _assert_keeps_only_a(lambda: BF.activation_jacobian_product(a, m, activation), a)
+
+
+def _assert_keeps_only_a(call, a: torch.Tensor) -> None:
+    """Of the (B, T, F)-shaped tensors ``call`` saves for its backward, ``a`` is the only one."""
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        BF.activation_jacobian_product(a, m, activation)
+        call()
     big = [t for t in saved if t.shape == a.shape]
     assert len(big) == 1 and big[0] is a
 
@@ -242,8 +247,4 @@ def test_activation_with_jacobian_equals_separate_ops(activation: str) -> None:
         assert torch.autograd.gradcheck(
             lambda x, y: BF.activation_with_jacobian(x, y, "gelu"), (a, m)
         )
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            BF.activation_with_jacobian(a, m, activation)
-        big = [t for t in saved if t.shape == a.shape]
-        assert len(big) == 1 and big[0] is a
+        _assert_keeps_only_a(lambda: BF.activation_with_jacobian(a, m, activation), a)
