@@ -182,10 +182,15 @@ class BFTEncoderLayer(nn.Module):
             + extra
         )
 
-    def _ffn(self, u: Tensor) -> tuple[Tensor, Tensor]:
+    def _ffn(self, u: Tensor, m: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The FFN's output and, given ``M`` (F, G), the Jacobian product ``phi'(a) @ M``
+        (B, T, G) float32 from the same activation call (else None)."""
         a = self.linear1(u)  # (B, T, F)
-        act = F.gelu(a) if self.activation == "gelu" else F.relu(a)
-        return self.linear2(self.dropout(act)), a
+        if m is None:
+            act, jac = (F.gelu(a) if self.activation == "gelu" else F.relu(a)), None
+        else:
+            act, jac = BF.activation_with_jacobian(a, m, self.activation)
+        return self.linear2(self.dropout(act)), jac
 
     def forward(
         self,
@@ -276,9 +281,8 @@ class BFTEncoderLayer(nn.Module):
             m = BF.ffn_jacobian_matrix(
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
             )
-        a = self.linear1(self.norm2(h))  # (B, T, F)
-        act, jac = BF.activation_with_jacobian(a, m, self.activation)
-        f = self.linear2(self.dropout(act))
+        f, jac = self._ffn(self.norm2(h), m)
+        assert jac is not None
         with fp32:
             sigma_norm2 = BF.norm_sigma(h, self.norm2.eps).unsqueeze(-1)  # (B, T, 1) float32
             jbar = jac / sigma_norm2
