@@ -351,7 +351,10 @@ def chunked_attention(
     (B, H, S) per key or None. Returns the output with dropout (B, H, T, d_h),
     the estimate ``sum_j p v_j`` (B, H, T, d_h), the second moment
     ``sum_j p ||v_j||^2 / d_h`` (B, H, T) and ``sum_j p^2`` (B, H, T); rows with
-    no allowed key give 0 everywhere.
+    no allowed key give 0 everywhere. The output is a view laid out heads last
+    (so that merging the heads is a view too); as an output of an autograd
+    Function that is a view, it may not be modified in place (autograd raises):
+    ``clone()`` it first.
 
     ``keep_weights``: keep the weights (and the dropout mask, as booleans) of a
     call that is one block (T <= ``chunk_size``) for the backward instead of

@@ -393,7 +393,7 @@ class _GeluWithJacobian(torch.autograd.Function):
         if needs_a:
             grad_a = dphi * g_act if g_act is not None else torch.zeros_like(dphi)
             if g_jac is not None:
-                grad_a.addcmul_(g_jac @ m.t(), _gelu_second_derivative(upcast(a)))
+                grad_a.addcmul_(g_jac @ upcast(m).t(), _gelu_second_derivative(upcast(a)))
             grad_a = grad_a.to(a.dtype)
         if needs_m and g_jac is not None:
             grad_m = dphi.reshape(-1, dphi.shape[-1]).t() @ g_jac.reshape(-1, g_jac.shape[-1])
@@ -406,13 +406,16 @@ def activation_with_jacobian(a: Tensor, m: Tensor, activation: str) -> tuple[Ten
     The same values and gradients as ``phi(a)`` and
     :func:`activation_jacobian_product`; for the exact GELU in eager mode one
     Function evaluates ``phi'(a)`` once in the backward for both (a traced graph
-    and ReLU use the plain ops, the latter's derivative being a step).
+    and ReLU use the plain ops, the latter's derivative being a step). The
+    product is float32 with autocast off on every path, as the precision path
+    needs (the activation follows autocast like the FFN's own).
     """
     if activation == "gelu" and not torch.compiler.is_compiling():
         act, jac = _GeluWithJacobian.apply(a, m)
         return act, jac
     act = F.gelu(a) if activation == "gelu" else F.relu(a)
-    return act, activation_jacobian_product(a, m, activation)
+    with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
+        return act, activation_jacobian_product(a, upcast(m), activation)
 
 
 def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:

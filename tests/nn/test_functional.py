@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -205,11 +207,12 @@ def test_activation_jacobian_product_keeps_only_a_and_m(activation: str) -> None
 
 
 def _assert_keeps_only_a(call, a: torch.Tensor) -> None:
-    """Of the (B, T, F)-shaped tensors ``call`` saves for its backward, ``a`` is the only one."""
+    """Of the tensors ``call`` saves for its backward with as many elements as ``a``
+    or more (in any shape or dtype), ``a`` is the only one."""
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         call()
-    big = [t for t in saved if t.shape == a.shape]
+    big = [t for t in saved if t.numel() >= a.numel()]
     assert len(big) == 1 and big[0] is a
 
 
@@ -223,9 +226,13 @@ def test_activation_with_jacobian_equals_separate_ops(activation: str) -> None:
     act, jac = BF.activation_with_jacobian(a, m, activation)
     a2, m2 = a.detach().clone().requires_grad_(), m.detach().clone().requires_grad_()
     phi = torch.nn.functional.gelu if activation == "gelu" else torch.nn.functional.relu
-    act2, jac2 = phi(a2), BF.activation_jacobian_product(a2, m2, activation)
+    if activation == "gelu":  # the textbook formula, independent of the library's paths
+        dphi = torch.special.ndtr(a2) + a2 * torch.exp(-0.5 * a2 * a2) / math.sqrt(2 * math.pi)
+    else:
+        dphi = (a2 > 0).to(a2.dtype)
+    act2, jac2 = phi(a2), dphi @ m2
     torch.testing.assert_close(act, act2, rtol=0, atol=0)
-    torch.testing.assert_close(jac, jac2, rtol=0, atol=0)
+    torch.testing.assert_close(jac, jac2)
     w1, w2 = torch.randn_like(act), torch.randn_like(jac)
     for use in ("both", "act", "jac"):
 

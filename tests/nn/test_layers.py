@@ -247,6 +247,25 @@ def test_no_nan_bf16_long_and_almost_all_padding() -> None:
         assert p.grad is None or torch.isfinite(p.grad).all()
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_precision_path_is_float32_under_bf16_autocast(activation: str) -> None:
+    """Under bf16 autocast the FFN's GEMMs run in bf16 but its Jacobian product (and
+    with it J-bar and lambda'') stays float32, for either activation, and the backward runs
+    through the precision path (ReLU once met a float32 derivative against a bf16
+    gradient there)."""
+    torch.manual_seed(0)
+    layer = bft_layer(precision="on", activation=activation)
+    set_recording(layer, True)
+    x = torch.randn(2, 6, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, lp = layer(x, torch.randn(2, 6, H))
+    assert lp.dtype == torch.float32 and layer.last_stats.jbar.dtype == torch.float32
+    (y.float().sum() + lp.sum()).backward()
+    grads = {n: p.grad for n, p in layer.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert grads["linear1.weight"].abs().sum() > 0
+
+
 @pytest.mark.parametrize("groups", [1, H, D])
 def test_groups_agree_with_per_channel_delta_rule(groups: int) -> None:
     """Pooled precision propagation equals the unpooled per-channel computation."""
