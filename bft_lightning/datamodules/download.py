@@ -4,7 +4,8 @@ Known sources: MovieLens-1M (GroupLens zip, ``ratings.dat`` is extracted) and
 the Amazon review "5-core" category files of 2014 (SNAP) and 2018 (UCSD).
 A download streams into a temporary file next to the target, checks the
 sha256 when one is known, and is renamed into place only when complete, so
-a failed or mismatched download leaves nothing behind.
+a failed or mismatched download leaves nothing behind. A MovieLens archive
+that turns out to be corrupt is deleted, so the next run downloads it again.
 
 Offline, a download fails fast (``timeout`` seconds, default 10) with a
 :class:`DownloadError` that names the URL and the path where the file can be
@@ -19,7 +20,9 @@ import os
 import shutil
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 from typing import BinaryIO
 from urllib.request import urlopen
@@ -76,9 +79,9 @@ def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
 def download_file(remote: RemoteFile, dest_dir: str | Path, timeout: float = 10.0) -> Path:
     """Fetch ``remote`` into ``dest_dir`` (skipped when the file is already there).
 
-    Raises :class:`DownloadError` when the URL cannot be read (naming the URL
-    and the path to fill by hand) or when the sha256 does not match (the
-    partial file is removed).
+    Raises :class:`DownloadError` when the URL cannot be read or the transfer
+    breaks off (naming the URL and the path to fill by hand) or when the
+    sha256 does not match; in every case the partial file is removed.
     """
     target = Path(dest_dir) / remote.filename
     if target.is_file():
@@ -90,7 +93,9 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, timeout: float = 10.
             try:
                 with urlopen(remote.url, timeout=timeout) as response:
                     digest = _copy_hashing(response, out)
-            except OSError as err:  # URLError, timeouts and socket errors are OSErrors
+            # URLError, timeouts and socket errors are OSErrors; a connection closed
+            # early raises HTTPException (IncompleteRead); a bad URL a ValueError.
+            except (OSError, HTTPException, ValueError) as err:
                 raise DownloadError(_offline_message(remote, target, err)) from err
         _check_sha256(remote, digest)
         os.replace(tmp, target)
@@ -128,15 +133,36 @@ def ensure_movielens_1m(
         archive = download_file(remote, root, timeout)
     except DownloadError as err:
         raise DownloadError(f"{err} (or put the extracted ratings.dat at {ratings})") from err
-    with zipfile.ZipFile(archive) as zf:
-        member = next((n for n in zf.namelist() if n.endswith("ratings.dat")), None)
-        if member is None:
-            raise DownloadError(f"{archive} has no ratings.dat; place it at {ratings} by hand")
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".dat", dir=root)
-        with zf.open(member) as src, os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, ratings)
+    _extract_ratings(archive, ratings)
     return ratings
+
+
+def _extract_ratings(archive: Path, ratings: Path) -> None:
+    """Extract the ``ratings.dat`` member of ``archive`` to ``ratings`` atomically.
+
+    A corrupt archive (not a zip, bad CRC, broken compressed data) is deleted,
+    so the next run downloads it again, and :class:`DownloadError` names it.
+    """
+    tmp: str | None = None
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            member = next((n for n in zf.namelist() if n.endswith("ratings.dat")), None)
+            if member is None:
+                raise DownloadError(f"{archive} has no ratings.dat; place it at {ratings} by hand")
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".dat", dir=ratings.parent)
+            with zf.open(member) as src, os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp, ratings)
+            tmp = None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        archive.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{archive} is not a valid zip archive ({err}); it was removed, so the next "
+            f"run downloads it again (or put the extracted ratings.dat at {ratings})"
+        ) from err
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def ensure_amazon(root: str | Path, category: str, year: int = 2014, timeout: float = 10.0) -> Path:

@@ -92,6 +92,21 @@ def _bad(path: Path | str, lineno: int, what: str) -> ValueError:
     return ValueError(f"{path}:{lineno}: {what}")
 
 
+def _token(value: object, path: Path | str, lineno: int, field: str) -> str:
+    """A string id (user or item) from a text field or a JSON value, stripped.
+
+    Empty, blank or null ids, and JSON values that are not strings or integers,
+    raise naming the file, line and field: they would otherwise become a user or
+    item called ``""`` or ``"None"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _bad(path, lineno, f"{field}: expected a string or integer id, got {value!r}")
+    token = str(value).strip()
+    if not token:
+        raise _bad(path, lineno, f"{field}: empty id")
+    return token
+
+
 def _check_exists(path: Path) -> None:
     """Raise ``FileNotFoundError`` naming ``path`` when it is missing."""
     if not path.is_file():
@@ -239,18 +254,22 @@ def read_json(path: str | Path) -> InteractionLog:
     text = path.read_text(encoding="utf-8")
     if not text.strip():
         raise ValueError(f"{path}: empty file (no interactions)")
-    try:
-        obj = json.loads(text)
+    try:  # pairs, not a dict: a repeated key must not silently replace the first
+        obj = json.loads(text, object_pairs_hook=lambda pairs: pairs)
     except json.JSONDecodeError as err:
         raise _bad(path, err.lineno, f"broken JSON: {err.msg} (column {err.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a JSON object {{user: [items]}}, got {type(obj)}")
+    if not isinstance(obj, list) or (obj and not isinstance(obj[0], tuple)):
+        raise ValueError(f"{path}: expected a JSON object {{user: [items]}}")
     users: list[RawId] = []
     seqs: list[list[RawId]] = []
-    for key, items in obj.items():
+    seen: dict[int, str] = {}
+    for key, items in obj:
         where = f"{path}: user {key!r}"
         if not key.isdigit():
             raise ValueError(f"{where}: user key is not a non-negative integer")
+        if int(key) in seen:  # "3" twice, or "3" and "03"
+            raise ValueError(f"{where}: user {int(key)} appears twice (also as {seen[int(key)]!r})")
+        seen[int(key)] = key
         users.append(int(key))
         if not isinstance(items, list) or not items:
             raise ValueError(f"{where}: expected a non-empty list of item ids")
@@ -298,7 +317,8 @@ def _read_atomic(
     for lineno, line in lines:
         fields = _tab_fields(path, lineno, line, len(cols))
         time = None if tcol is None else _int_time(fields[tcol], path, lineno)
-        builder.add(fields[ucol].strip(), fields[icol].strip(), time)
+        user = _token(fields[ucol], path, lineno, "user_id")
+        builder.add(user, _token(fields[icol], path, lineno, "item_id"), time)
     return builder.build(path, sort_by_time=tcol is not None)
 
 
@@ -433,8 +453,8 @@ def _amazon_json_row(path: Path, lineno: int, line: str) -> tuple[str, str, int]
     if missing:
         raise _bad(path, lineno, f"missing key(s) {missing}")
     return (
-        str(obj["reviewerID"]),
-        str(obj["asin"]),
+        _token(obj["reviewerID"], path, lineno, "reviewerID"),
+        _token(obj["asin"], path, lineno, "asin"),
         _int_time(str(obj["unixReviewTime"]), path, lineno),
     )
 
@@ -462,7 +482,8 @@ def _amazon_csv_rows(
         if len(fields) != width:
             raise _bad(path, lineno, f"expected {width} comma-separated fields, got {len(fields)}")
         time = _int_time(fields[cols["time"]], path, lineno)
-        yield lineno, fields[cols["user"]], fields[cols["item"]], time
+        user = _token(fields[cols["user"]], path, lineno, "user")
+        yield lineno, user, _token(fields[cols["item"]], path, lineno, "item"), time
 
 
 def read_amazon(path: str | Path, kcore: int = 5) -> InteractionLog:

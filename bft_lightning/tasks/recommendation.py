@@ -99,7 +99,9 @@ class SequentialRecommendation(L.LightningModule):
             (layer-0 tau and rho).
         warmup_steps: linear warm-up steps (0 = none).
         cosine: cosine decay to 0 over the run after warm-up.
-        mask_history: exclude the user's own history from the ranking (off by
+        mask_history: exclude the items of the model's input window (the user's
+            last ``max_len`` items before the target) from the ranking; items older
+            than the window are not in an evaluation batch and stay ranked (off by
             default: a repeat purchase is a legitimate target).
         ks: cut-offs of HR@k / NDCG@k.
         report_dir: where test reports go; default the logger's directory.
@@ -267,7 +269,10 @@ class SequentialRecommendation(L.LightningModule):
         assert metric is not None
         batch = trim_left_padding(batch, keep_one=True)
         hidden, log_prec = self.model.last_hidden(batch["input_ids"], batch.get("input_time"))
-        scores = self.model.score(hidden, log_prec).float()
+        # scores in float32 also under mixed precision: a bf16 score matrix ties
+        # many items with the target, and ties count against it
+        with torch.autocast(hidden.device.type, enabled=False):
+            scores = self.model.score(hidden.float(), log_prec).float()
         exclude = None
         if self.mask_history:
             exclude = torch.zeros_like(scores, dtype=torch.bool)

@@ -23,6 +23,20 @@ BAD = [
     ("json", "j.json", '{"x": [1]}', r"user 'x': user key is not a non-negative integer"),
     ("json", "j.json", '{"0": []}', r"user '0': expected a non-empty list"),
     ("json", "j.json", "[1, 2]", r"expected a JSON object"),
+    ("json", "j.json", '{"3": [1, 2],\n "3": [5]}', r"user '3': user 3 appears twice"),
+    ("json", "j.json", '{"3": [1, 2], "03": [5]}', r"user '03': user 3 appears twice"),
+    (
+        "recbole",
+        "r.inter",
+        "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t4\n1\t\t5\n",
+        r":3: item_id: empty id",
+    ),
+    (
+        "recbole",
+        "r.inter",
+        "item_id:token\tuser_id:token\ttimestamp:float\n2\t \t5\n",
+        r":2: user_id: empty id",
+    ),
     (
         "recbole",
         "r.inter",
@@ -51,6 +65,21 @@ BAD = [
         '{"reviewerID": "u", "unixReviewTime": 1}\n',
         r":1: missing key\(s\) \['asin'\]",
     ),
+    (
+        "amazon",
+        "a.json",
+        '{"reviewerID": "u", "asin": "i", "unixReviewTime": 1}\n'
+        '{"reviewerID": null, "asin": "i", "unixReviewTime": 2}\n',
+        r":2: reviewerID: expected a string or integer id, got None",
+    ),
+    (
+        "amazon",
+        "a.json",
+        '{"reviewerID": "u", "asin": " ", "unixReviewTime": 1}\n',
+        r":1: asin: empty id",
+    ),
+    ("amazon", "a.csv", "i,u,5,1\ni,,5,2\n", r":2: user: empty id"),
+    ("amazon", "a.csv", "item,user,rating,timestamp\n,u,5,2\n", r":2: item: empty id"),
     ("amazon", "a.csv", "i,u,5,1\ni,u,5\n", r":2: expected 4 comma-separated fields"),
     ("amazon", "a.csv", "i,u,5,1\ni,u,5,later\n", r":2: non-numeric timestamp 'later'"),
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
+import io
 import re
 import urllib.error
 import zipfile
@@ -100,3 +102,98 @@ def test_movielens_zip_is_extracted(tmp_path):
     assert ratings == tmp_path / "data" / "ml-1m" / "ratings.dat"
     assert read_movielens(ratings).sequences == [[11, 10]]
     assert resolve_dataset("ml-1m", tmp_path / "data") == (ratings, "movielens")
+
+
+def _movielens_zip(path, compression=zipfile.ZIP_STORED) -> bytes:
+    """Write a small valid ml-1m.zip at ``path``; returns the ratings.dat payload."""
+    payload = b"1::10::5::300\n1::11::3::100\n" * 50
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        zf.writestr("ml-1m/ratings.dat", payload)
+    return payload
+
+
+def _flip_member_bytes(path, payload: bytes) -> None:
+    """Corrupt the stored member data in place (the zip structure stays readable)."""
+    data = bytearray(path.read_bytes())
+    start = data.index(payload)
+    for i in range(start + 5, start + 15):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _assert_removed_and_clean(root, info) -> None:
+    archive = root / "ml-1m.zip"
+    message = str(info.value)
+    assert str(archive) in message and "removed" in message
+    assert str(root / "ratings.dat") in message
+    assert list(root.iterdir()) == []  # no archive, no .tmp-* leftovers, no ratings.dat
+
+
+def test_movielens_bad_crc_removes_archive_and_temp(tmp_path):
+    root = tmp_path / "ml-1m"
+    payload = _movielens_zip(root / "ml-1m.zip")
+    _flip_member_bytes(root / "ml-1m.zip", payload)
+    with pytest.raises(DownloadError) as info:
+        ensure_movielens_1m(root, RemoteFile("file:///nonexistent/ml-1m.zip", "ml-1m.zip"))
+    _assert_removed_and_clean(root, info)
+
+
+def test_movielens_broken_deflate_removes_archive(tmp_path):
+    root = tmp_path / "ml-1m"
+    archive = root / "ml-1m.zip"
+    _movielens_zip(archive, zipfile.ZIP_DEFLATED)
+    with zipfile.ZipFile(archive) as zf:
+        info_ = zf.getinfo("ml-1m/ratings.dat")
+        start = info_.header_offset + 30 + len(info_.filename) + len(info_.extra)
+        size = info_.compress_size
+    data = bytearray(archive.read_bytes())
+    data[start : start + size] = bytes(b ^ 0x5A for b in data[start : start + size])
+    archive.write_bytes(bytes(data))
+    with pytest.raises(DownloadError) as info:
+        ensure_movielens_1m(root, RemoteFile("file:///nonexistent/ml-1m.zip", "ml-1m.zip"))
+    _assert_removed_and_clean(root, info)
+
+
+def test_movielens_not_a_zip_names_archive(tmp_path):
+    root = tmp_path / "ml-1m"
+    root.mkdir()
+    (root / "ml-1m.zip").write_bytes(b"<html>404 Not Found</html>\n")
+    with pytest.raises(DownloadError) as info:
+        ensure_movielens_1m(root, RemoteFile("file:///nonexistent/ml-1m.zip", "ml-1m.zip"))
+    _assert_removed_and_clean(root, info)
+
+
+def test_movielens_corrupt_download_is_fetched_again(tmp_path):
+    server = tmp_path / "server" / "ml-1m.zip"
+    payload = _movielens_zip(server)
+    good = server.read_bytes()
+    _flip_member_bytes(server, payload)
+    remote = RemoteFile(server.as_uri(), "ml-1m.zip")
+    root = tmp_path / "data" / "ml-1m"
+    with pytest.raises(DownloadError, match="removed"):
+        ensure_movielens_1m(root, remote)
+    assert list(root.iterdir()) == []
+    server.write_bytes(good)
+    ratings = ensure_movielens_1m(root, remote)
+    assert ratings.read_bytes() == payload
+    assert sorted(p.name for p in root.iterdir()) == ["ml-1m.zip", "ratings.dat"]
+
+
+class _BrokenResponse(io.BytesIO):
+    """A response whose connection closes after the first chunk."""
+
+    def read(self, size=-1):
+        if self.tell() == 0:
+            return super().read(4)
+        raise http.client.IncompleteRead(b"", 100)
+
+
+def test_incomplete_read_names_url_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(dl, "urlopen", lambda url, timeout=None: _BrokenResponse(b"x" * 64))
+    remote = RemoteFile("https://example.invalid/data.bin", "data.bin")
+    with pytest.raises(DownloadError) as info:
+        download_file(remote, tmp_path / "out")
+    assert remote.url in str(info.value)
+    assert str(tmp_path / "out" / "data.bin") in str(info.value)
+    assert list((tmp_path / "out").iterdir()) == []

@@ -167,13 +167,45 @@ def test_bert4rec_trains_and_ranks(tmp_path) -> None:
 
 
 def test_mask_history_excludes_seen_items(tmp_path) -> None:
+    """Excluding the input window's items can only lift the target: the same model
+    with the mask ranks every user at least as high, and some strictly higher."""
     dm = small_data()
-    task = SequentialRecommendation(
-        dm.num_items, 20, backbone=partial(SASRec, d_model=16), mask_history=True
-    )
-    tr = trainer(tmp_path, max_epochs=1, limit_train_batches=1)
-    tr.test(task, dm, verbose=False)
-    assert task.test_results["n"] > 0
+    results = {}
+    for mask in (False, True):
+        torch.manual_seed(0)
+        task = SequentialRecommendation(
+            dm.num_items, 20, backbone=partial(SASRec, d_model=16), mask_history=mask
+        )
+        trainer(tmp_path).test(task, dm, verbose=False)
+        results[mask] = task.test_results
+    assert results[True]["n"] == results[False]["n"] > 0
+    assert results[True]["mrr"] > results[False]["mrr"]
+    assert results[True]["hr@10"] >= results[False]["hr@10"]
+
+
+def test_eval_scores_are_float32_under_bf16_autocast() -> None:
+    """Under bf16 autocast the encoder runs in bf16, but the score matrix that ranks
+    the target is a float32 product (a bf16 one ties many items with the target)."""
+    torch.manual_seed(0)
+    task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
+    captured = {}
+
+    class Capture:
+        def update(self, scores, *args, **kwargs):
+            captured["scores"] = scores
+
+    batch = {
+        "input_ids": torch.randint(1, 201, (4, 20)),
+        "target": torch.randint(1, 201, (4,)),
+        "user": torch.arange(4),
+    }
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        task._eval_step(batch, Capture())  # type: ignore[arg-type]
+        hidden, _ = task.model.last_hidden(batch["input_ids"])
+    with torch.no_grad():
+        want = task.model.score(hidden.float())  # outside autocast: float32 throughout
+    assert captured["scores"].dtype == torch.float32
+    torch.testing.assert_close(captured["scores"], want)
 
 
 def test_precision_parameters_get_their_own_learning_rate() -> None:
