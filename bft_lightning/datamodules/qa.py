@@ -18,14 +18,16 @@ A training sequence is ``BOS passages "\\n\\nQuestion: q\\nAnswer:" " answer" EO
 and the loss is on the answer tokens (and the EOS) only. When it is too long,
 distractors go first, then gold passages are cropped, the answer-bearing one
 to a window around the answer, so the answer is never cut out of its gold
-passage (an example whose answer cannot fit is dropped and counted).
+passage (an example whose answer cannot fit is dropped, counted and reported;
+a split left empty is an error).
 
 Noise:
 
 - label corruption (``noise_rate`` = ``np``): each answer label token (not the
   EOS) of a *training* example is replaced, with probability ``np``, by a token
   drawn uniformly from the non-special vocabulary minus the original token;
-  the draw is fixed per example by ``seed`` (a fixed noisy dataset), inputs
+  the draw is fixed per example by ``seed`` and the question id alone (a fixed
+  noisy dataset, the same whatever the distractors or the subset), inputs
   stay clean (teacher forcing reads the clean answer);
 - distractors (``num_distractors`` = ``k``): ``k`` passages from other groups
   of the same split (``"other_articles"``), other paragraphs of the same
@@ -42,7 +44,11 @@ import hashlib
 import json
 import os
 import re
+import tempfile
+import warnings
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,9 +56,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from bft_lightning.datamodules.cache import file_sha256
 from bft_lightning.models.checkpoint import TextTokenizer, load_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -113,75 +121,115 @@ class QAExample:
 
 
 # ----------------------------------------------------------------- readers
+@contextmanager
+def _fields(where: str) -> Iterator[None]:
+    """Turn a missing or malformed field into a ValueError naming ``where`` (file and line)."""
+    try:
+        yield
+    except KeyError as err:
+        raise ValueError(f"{where}: missing field {err.args[0]!r}") from None
+    except (TypeError, IndexError, AttributeError) as err:
+        raise ValueError(f"{where}: malformed row: {err}") from err
+
+
 def read_squad(path: str | Path) -> list[QAExample]:
     """SQuAD v1.1 / v2.0 JSON; group = article title."""
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from None
     out = []
-    for article in data["data"]:
-        title = article["title"]
-        for para in article["paragraphs"]:
-            ctx = para["context"]
-            for qa in para["qas"]:
-                answers = [a["text"] for a in qa.get("answers", [])]
-                if qa.get("is_impossible"):
-                    answers = []
-                start = qa["answers"][0]["answer_start"] if answers else None
-                out.append(
-                    QAExample(
+    with _fields(f"{path}: top level"):
+        articles = data["data"]
+    for ai, article in enumerate(articles):
+        with _fields(f"{path}: data[{ai}]"):
+            title = article["title"]
+            paragraphs = article["paragraphs"]
+        for pi, para in enumerate(paragraphs):
+            with _fields(f"{path}: data[{ai}].paragraphs[{pi}]"):
+                ctx = para["context"]
+                qas = para["qas"]
+            for qi, qa in enumerate(qas):
+                with _fields(f"{path}: data[{ai}].paragraphs[{pi}].qas[{qi}]"):
+                    answers = [a["text"] for a in qa.get("answers", [])]
+                    if qa.get("is_impossible"):
+                        answers = []
+                    start = qa["answers"][0]["answer_start"] if answers else None
+                    ex = QAExample(
                         qa["id"], qa["question"], answers, [Passage(ctx, title)], title, start
                     )
-                )
+                out.append(ex)
     return out
 
 
-def _jsonl(path: Path) -> Iterator[dict]:
+def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    """Non-blank rows, each with its ``file:line`` (1-based, blank lines counted)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: invalid JSON: {err.msg} (column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield where, row
 
 
 def read_hotpotqa(path: str | Path) -> list[QAExample]:
     """HotpotQA distractor JSONL (IRCoT layout or the original layout); group = question id."""
     out = []
-    for row in _jsonl(Path(path)):
-        if "contexts" in row:  # IRCoT
-            answers = [s for a in row["answers_objects"] for s in a["spans"]]
-            passages = [
-                Passage(c["paragraph_text"], c["title"], bool(c["is_supporting"]))
-                for c in row["contexts"]
-            ]
-            qid, question = row["question_id"], row["question_text"]
-        else:
-            gold_titles = {t for t, _ in row["supporting_facts"]}
-            passages = [Passage("".join(s), t, t in gold_titles) for t, s in row["context"]]
-            qid, question, answers = row["_id"], row["question"], [row["answer"]]
+    for where, row in _jsonl(Path(path)):
+        with _fields(where):
+            if "contexts" in row:  # IRCoT
+                answers = [s for a in row["answers_objects"] for s in a["spans"]]
+                passages = [
+                    Passage(c["paragraph_text"], c["title"], bool(c["is_supporting"]))
+                    for c in row["contexts"]
+                ]
+                qid, question = row["question_id"], row["question_text"]
+            else:
+                gold_titles = {t for t, _ in row["supporting_facts"]}
+                passages = [Passage("".join(s), t, t in gold_titles) for t, s in row["context"]]
+                qid, question, answers = row["_id"], row["question"], [row["answer"]]
         passages.sort(key=lambda p: not p.gold)  # gold first, order otherwise kept
         out.append(QAExample(qid, question, answers, passages, qid))
     return out
 
 
 def read_nq_open(path: str | Path) -> list[QAExample]:
-    """NQ-open oracle (one gold passage); group = the gold passage's Wikipedia title."""
+    """NQ-open oracle (one gold passage); group = the gold passage's Wikipedia title.
+
+    The file has no question ids: ids are ``nq-<file stem>-<row>``, so rows of
+    two files never collide (``read_dataset`` drops repeated ids).
+    """
+    path = Path(path)
+    stem = path.name.split(".", 1)[0]
     out = []
-    for i, row in enumerate(_jsonl(Path(path))):
-        ctx = row["ctxs"][0]
-        p = Passage(ctx["text"], ctx.get("title", ""))
-        out.append(QAExample(f"nq-{i}", row["question"], list(row["answers"]), [p], p.title))
+    for i, (where, row) in enumerate(_jsonl(path)):
+        with _fields(where):
+            ctx = row["ctxs"][0]
+            p = Passage(ctx["text"], ctx.get("title", ""))
+            ex = QAExample(f"nq-{stem}-{i}", row["question"], list(row["answers"]), [p], p.title)
+        out.append(ex)
     return out
 
 
 def read_rgb(path: str | Path) -> list[QAExample]:
     """RGB (``en_fact.json``): positives are gold, negatives distractors; group = id."""
     out = []
-    for row in _jsonl(Path(path)):
-        ans = row["answer"]
-        answers = [ans] if isinstance(ans, str) else [a for x in ans for a in _flat(x)]
-        passages = [Passage(t) for t in row["positive"]]
-        passages += [Passage(t, gold=False) for t in row.get("negative", [])]
-        out.append(QAExample(f"rgb-{row['id']}", row["query"], answers, passages, str(row["id"])))
+    for where, row in _jsonl(Path(path)):
+        with _fields(where):
+            ans = row["answer"]
+            answers = [ans] if isinstance(ans, str) else [a for x in ans for a in _flat(x)]
+            passages = [Passage(t) for t in row["positive"]]
+            passages += [Passage(t, gold=False) for t in row.get("negative", [])]
+            ex = QAExample(f"rgb-{row['id']}", row["query"], answers, passages, str(row["id"]))
+        out.append(ex)
     return out
 
 
@@ -202,7 +250,7 @@ def read_qa(path: str | Path) -> list[QAExample]:
         first = json.loads(line)
     except json.JSONDecodeError:  # pretty-printed JSON: SQuAD layout
         return read_squad(path)
-    if "data" in first:
+    if not isinstance(first, dict) or "data" in first:
         return read_squad(path)
     if "query" in first and "positive" in first:
         return read_rgb(path)
@@ -214,14 +262,36 @@ def read_qa(path: str | Path) -> list[QAExample]:
 
 
 def read_dataset(files: Sequence[str | Path]) -> list[QAExample]:
-    """Read and concatenate files, dropping repeated question ids (HotpotQA's two files overlap)."""
-    seen: set[str] = set()
+    """Read and concatenate files, keeping the first of each question id.
+
+    A repeated id with the same question and answers is a duplicate (HotpotQA's
+    two files share 12 questions): it is dropped, with a warning that counts
+    them. A repeated id with another question or answers is an error, since
+    dropping it would lose a question.
+    """
+    first: dict[str, tuple[Path, QAExample]] = {}
+    dropped: Counter[Path] = Counter()
     out = []
-    for file in files:
+    for file in map(Path, files):
         for ex in read_qa(file):
-            if ex.id not in seen:
-                seen.add(ex.id)
+            if ex.id not in first:
+                first[ex.id] = (file, ex)
                 out.append(ex)
+                continue
+            other_file, other = first[ex.id]
+            if (ex.question, ex.answers) != (other.question, other.answers):
+                raise ValueError(
+                    f"question id {ex.id!r} is in {str(other_file)!r} and {str(file)!r} "
+                    f"with different questions or answers ({other.question!r}, {ex.question!r})"
+                )
+            dropped[file] += 1
+    if dropped:
+        counts = ", ".join(f"{n} from {str(f)!r}" for f, n in dropped.items())
+        warnings.warn(
+            f"dropped {sum(dropped.values())} duplicate questions (same id, question and "
+            f"answers as an earlier one): {counts}",
+            stacklevel=2,
+        )
     return out
 
 
@@ -259,8 +329,17 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, path: str | Path)
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:  # a temporary file and a rename: an interrupted save never leaves a damaged tokenizer
+        tok.save(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return load_tokenizer(path)
 
 
@@ -610,15 +689,19 @@ class QADataModule(L.LightningDataModule):
             return self.tokenizer
         splits = self.load_splits()
         files = [str(f) for f in self.source_files()] + list(self.extra_text_files)
-        key = _hash(files, self.tokenizer_vocab_size, self.split_seed, self.val_groups,
+        contents = [file_sha256(f) for f in files]  # an edited file gets a new tokenizer
+        key = _hash(files, contents, self.tokenizer_vocab_size, self.split_seed, self.val_groups,
                     self.test_groups)  # fmt: skip
         path = self.cache_dir / f"tokenizer-{key}.json"
         if path.is_file():
-            self.tokenizer = load_tokenizer(path)
-        else:
-            self.tokenizer = train_bpe_tokenizer(
-                self.training_texts(splits["train"]), self.tokenizer_vocab_size, path
-            )
+            try:
+                self.tokenizer = load_tokenizer(path)
+                return self.tokenizer
+            except Exception as err:  # a damaged cache is rebuilt, never trusted
+                rank_zero_warn(f"rebuilding unreadable tokenizer cache {str(path)!r}: {err}")
+        self.tokenizer = train_bpe_tokenizer(
+            self.training_texts(splits["train"]), self.tokenizer_vocab_size, path
+        )
         return self.tokenizer
 
     def training_texts(self, train: Sequence[QAExample]) -> Iterator[str]:
@@ -635,11 +718,23 @@ class QADataModule(L.LightningDataModule):
         return self.load_tokenizer().vocab_size
 
     def setup(self, stage: str | None = None) -> None:
+        """Encode every split; logs the kept and dropped counts, raises if a split empties."""
         if self.encoded:
             return
         tok = self.load_tokenizer()
+        encoded = {}
         for name, examples in self.load_splits().items():
-            self.encoded[name] = self.encode_split(name, examples, tok)
+            encoded[name] = self.encode_split(name, examples, tok)
+        counts = ", ".join(
+            f"{n} {len(e)} kept, {self.dropped[n]} dropped" for n, e in encoded.items()
+        )
+        report = rank_zero_warn if any(self.dropped.values()) else rank_zero_info
+        report(
+            f"QADataModule examples: {counts} (dropped: the answer did not fit "
+            f"max_answer_tokens={self.max_answer_tokens} (train only), "
+            f"max_length={self.max_length} or max_passage_tokens={self.max_passage_tokens})"
+        )
+        self.encoded = encoded  # only once every split is complete
 
     def _subset(self, examples: list[QAExample], n: int | None, salt: int) -> list[QAExample]:
         if n is None or n >= len(examples):
@@ -647,33 +742,58 @@ class QADataModule(L.LightningDataModule):
         idx = np.sort(np.random.default_rng([self.split_seed, salt]).permutation(len(examples))[:n])
         return [examples[i] for i in idx]
 
+    def _noise_rng(self, example_id: str) -> np.random.Generator:
+        """The label-noise stream of one example: ``seed`` and its id only.
+
+        Kept apart from the distractor and cropping draws, so the corrupted
+        labels of an example do not move with ``num_distractors``,
+        ``max_train_examples`` or the example's position in the split.
+        """
+        digest = int(hashlib.sha256(example_id.encode("utf-8")).hexdigest()[:16], 16)
+        return np.random.default_rng([self.seed, 23, digest])
+
     def encode_split(
         self, name: str, examples: list[QAExample], tok: TextTokenizer
     ) -> list[EncodedExample]:
+        """Encode a split (training labels noised); ValueError if every example is dropped."""
         train = name == "train"
         limit = self.max_train_examples if train else self.max_eval_examples
         examples = self._subset(examples, limit, {"train": 0, "val": 1, "test": 2}[name])
         pool = passage_pool(self.splits[name])
         special = {i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None}
-        out, dropped = [], 0
+        out, dropped, too_long_answer = [], 0, 0
+        max_answer = self.max_answer_tokens if train else 10**6
         salt = {"train": 11, "val": 12, "test": 13}[name]
         for i, ex in enumerate(examples):
             rng = np.random.default_rng([self.seed, salt, i])
             passages = arrange_passages(ex, self.num_distractors, self.distractor_source, pool, rng)
             # eval answers are never dropped for length: their targets only feed the val loss
             enc = encode_example(
-                ex, tok, passages, self.max_length,
-                self.max_answer_tokens if train else 10**6, self.max_passage_tokens, rng,
+                ex, tok, passages, self.max_length, max_answer, self.max_passage_tokens, rng,
             )  # fmt: skip
             if enc is None:
                 dropped += 1
+                answer = ex.answers[0] if ex.answers else ""
+                too_long_answer += answer != "" and len(tok.encode(" " + answer)) > max_answer
                 continue
             if train and self.noise_rate > 0:
                 enc.labels = corrupt_labels(
-                    enc.answer, self.noise_rate, tok.vocab_size, special, rng
+                    enc.answer, self.noise_rate, tok.vocab_size, special, self._noise_rng(ex.id)
                 )
             out.append(enc)
         self.dropped[name] = dropped
+        if examples and not out:
+            causes = []
+            if too_long_answer:
+                causes.append(
+                    f"{too_long_answer} with answers longer than max_answer_tokens={max_answer}"
+                )
+            if dropped > too_long_answer:
+                causes.append(
+                    f"{dropped - too_long_answer} whose answer does not fit max_length="
+                    f"{self.max_length} with max_passage_tokens={self.max_passage_tokens}"
+                )
+            raise ValueError(f"all {dropped} {name} examples were dropped: " + "; ".join(causes))
         return out
 
     # ---------------------------------------------------------- loaders
