@@ -905,13 +905,21 @@ class QAPretrainDataModule(QADataModule):
                 qa += splits["train"]
             if qa:
                 order = np.random.default_rng([self.seed, 5]).permutation(len(qa))
+                skipped = 0
                 for ex in (qa[i] for i in order):
                     enc = encode_example(
                         ex, tok, ex.gold, self.max_length, self.max_answer_tokens,
                         self.max_passage_tokens, np.random.default_rng([self.seed, 7, len(ids)]),
                     )  # fmt: skip
-                    if enc is not None:
+                    if enc is None:  # the answer does not fit: reported below, not silent
+                        skipped += 1
+                    else:
                         ids += enc.prompt + enc.answer
+                if skipped:
+                    rank_zero_warn(
+                        f"pretraining text ({name}): {skipped} of {len(qa)} QA/cloze examples "
+                        "left out, their answers do not fit (max_answer_tokens, max_length)"
+                    )
             for file in self.extra_text_files:
                 text = Path(file).read_text(encoding="utf-8")
                 cut = int(len(text) * self.train_fraction)

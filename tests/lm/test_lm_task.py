@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -113,6 +114,19 @@ def test_pretrain_stage_on_plain_text(tmp_path: Path) -> None:
     trainer.fit(task, dm)
     assert sum(log.losses[-5:]) < 0.7 * sum(log.losses[:5])
     assert "val/loss" in trainer.callback_metrics and "val/em" not in trainer.callback_metrics
+
+
+def test_pretrain_stage_reports_examples_left_out(tmp_path: Path) -> None:
+    """QA pairs whose answers do not fit are left out of the pretraining text with a
+    warning that counts them, not silently."""
+    f = write_squad_file(tmp_path / "s.json", articles=6)
+    kw = dict(seq_len=32, files=[str(f)], cache_dir=str(tmp_path), tokenizer_vocab_size=300,
+              val_groups=1, test_groups=1, qa_pairs=True)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # everything fits: no warning
+        QAPretrainDataModule(**kw).setup("fit")
+    with pytest.warns(UserWarning, match=r"pretraining text \(train\): \d+ of \d+ QA/cloze"):
+        QAPretrainDataModule(**kw, max_answer_tokens=0).setup("fit")
 
 
 def test_vocab_mismatch_is_refused(tmp_path: Path) -> None:
