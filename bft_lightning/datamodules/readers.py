@@ -27,6 +27,7 @@ import gzip
 import io
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -461,7 +462,7 @@ def _amazon_json_row(path: Path, lineno: int, line: str) -> tuple[str, str, int]
 
 def _csv_columns(header: list[str]) -> dict[str, int] | None:
     """Column positions from a header row, or ``None`` if it is not a header."""
-    low = [h.strip().lower() for h in header]
+    low = [h.strip().lstrip("\ufeff").lower() for h in header]  # a BOM before the header
     cols = {
         k: next((low.index(n) for n in names if n in low), -1) for k, names in _CSV_NAMES.items()
     }
@@ -471,14 +472,17 @@ def _csv_columns(header: list[str]) -> dict[str, int] | None:
 def _amazon_csv_rows(
     path: Path, lines: Iterator[tuple[int, str]]
 ) -> Iterator[tuple[int, str, str, int]]:
-    """Reviews from a CSV: ``item,user,rating,timestamp`` or a named header."""
-    cols = {"item": 0, "user": 1, "time": 3}
+    """Reviews from a CSV: a named header, or headerless ``item,user,rating,timestamp``
+    (2018) or ``user,item,rating,timestamp`` (2014), told apart by the ASIN."""
+    cols: dict[str, int] | None = None
     width = 4
     for lineno, line in lines:
         fields = next(csv.reader([line]))
-        if lineno == 1 and (named := _csv_columns(fields)) is not None:
-            cols, width = named, len(fields)
-            continue
+        if cols is None:
+            if (named := _csv_columns(fields)) is not None:
+                cols, width = named, len(fields)
+                continue
+            cols = _headerless_layout(fields)
         if len(fields) != width:
             raise _bad(path, lineno, f"expected {width} comma-separated fields, got {len(fields)}")
         time = _int_time(fields[cols["time"]], path, lineno)
@@ -486,15 +490,34 @@ def _amazon_csv_rows(
         yield lineno, user, _token(fields[cols["item"]], path, lineno, "item"), time
 
 
+_ASIN = re.compile(r"[0-9A-Z]{9}[0-9A-ZX]")
+
+
+def _headerless_layout(fields: list[str]) -> dict[str, int]:
+    """Columns of a headerless Amazon ratings CSV from its first row.
+
+    The 2018 "ratings only" files put the item first, the 2014 ones the user:
+    read the wrong way, every user would become an item. An ASIN is 10
+    upper-case letters or digits (ISBN-10s may end in X); reviewer ids are
+    longer. Only a second column shaped like an ASIN and a first column not
+    shaped like one selects the 2014 layout.
+    """
+    first, second = (f.strip() for f in fields[:2]) if len(fields) >= 2 else ("", "")
+    if _ASIN.fullmatch(second) and not _ASIN.fullmatch(first):
+        return {"user": 0, "item": 1, "time": 3}
+    return {"item": 0, "user": 1, "time": 3}
+
+
 def read_amazon(path: str | Path, kcore: int = 5) -> InteractionLog:
     """Read Amazon reviews (JSON lines or CSV, optionally gzipped), then k-core.
 
     JSON lines need ``reviewerID``, ``asin`` and ``unixReviewTime`` (2014 and
     2018 review files). CSV rows are ``item,user,rating,timestamp`` (the 2018
-    "ratings only" files, no header) or have a header naming user / item /
-    timestamp columns. Each user is sorted stably by time; then iterative
-    ``kcore`` filtering (0 = off) keeps users and items with >= ``kcore``
-    interactions until nothing changes.
+    "ratings only" files, no header), ``user,item,rating,timestamp`` (the 2014
+    ones, no header; recognised by the ASIN in the second column of the first
+    row) or have a header naming user / item / timestamp columns. Each user is
+    sorted stably by time; then iterative ``kcore`` filtering (0 = off) keeps
+    users and items with >= ``kcore`` interactions until nothing changes.
     """
     path = Path(path)
     builder = _Builder()

@@ -26,7 +26,9 @@ what a full forward computes (the sill is frozen in eval).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -276,6 +278,11 @@ class BFTLlamaDecoderLayer(nn.Module):
         if self.rho is None:
             return torch.zeros(self.groups, device=self.input_layernorm.weight.device)
         return BF.process_noise(self.rho)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
+        super()._apply(fn, recurse)
+        BF.keep_running_stats_float32_(self)  # the running sill stays float32
+        return self
 
     def forward(
         self,

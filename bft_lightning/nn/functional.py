@@ -172,6 +172,23 @@ def head_observation_log_precision(sigma2: Tensor, n_eff: Tensor, has_key: Tenso
     return torch.where(has_key.unsqueeze(1), lp, torch.zeros_like(lp))
 
 
+def keep_running_stats_float32_(
+    module: torch.nn.Module, names: tuple[str, ...] = ("sill",)
+) -> None:
+    """Put ``module``'s running-statistic buffers back in float32 after a cast to
+    float16 / bfloat16 (``model.to(torch.bfloat16)``, Lightning's ``"bf16-true"``).
+
+    The running sill moves by ``momentum`` (0.01) of a difference a step: in
+    bfloat16 (8-bit mantissa) such a step is below half the spacing of the
+    numbers near the sill, so it rounds away and the sill never moves. float64
+    stays float64.
+    """
+    for name in names:
+        buf = module._buffers.get(name)
+        if buf is not None and buf.dtype in (torch.float16, torch.bfloat16):
+            module._buffers[name] = buf.float()
+
+
 @torch.no_grad()
 def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: float) -> None:
     """In place: ``s0^2 <- (1 - m) s0^2 + m Var(v)``, the values' per-head variance.

@@ -50,6 +50,8 @@ unnormalised (rows do not sum to 1); ``n_eff = (sum |w|)^2 / sum w^2``.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -201,6 +203,11 @@ class HSTULayer(nn.Module):
         """The V rows of f1: (H d_v, d)."""
         hv = self.nhead * self.dv
         return self.uvqk.weight[hv : 2 * hv]
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
+        super()._apply(fn, recurse)
+        BF.keep_running_stats_float32_(self)  # the running sill stays float32
+        return self
 
     def forward(
         self,

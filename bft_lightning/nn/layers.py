@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -191,6 +192,11 @@ class BFTEncoderLayer(nn.Module):
         else:
             act, jac = BF.activation_with_jacobian(a, m, self.activation)
         return self.linear2(self.dropout(act)), jac
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
+        super()._apply(fn, recurse)
+        BF.keep_running_stats_float32_(self)  # the running sill stays float32
+        return self
 
     def forward(
         self,

@@ -142,6 +142,24 @@ def test_amazon_csv(write, header):
     assert log.users == ["U0", "U1", "U2"] and log.sequences == [["I0", "I1"]] * 3
 
 
+@pytest.mark.parametrize("layout", ["2018", "2014", "bom-header"])
+def test_amazon_csv_layouts_with_real_id_shapes(write, layout):
+    """Headerless 2018 files put the ASIN first, 2014 files the reviewer; read the
+    wrong way every user would become an item. A header after a BOM is a header."""
+    users = ["A1XJ7Y9QW3ZPLM", "A2B8KDE01QXYTU", "AZC3RR0NOP6WQ"]
+    items = ["B00004TMFE", "0140449132", "123456789X"]
+    rows = [(u, i, 10 * a + b) for a, u in enumerate(users) for b, i in enumerate(items)]
+    if layout == "2014":
+        text = "".join(f"{u},{i},5.0,{t}\n" for u, i, t in rows)
+    else:
+        text = "".join(f"{i},{u},5.0,{t}\n" for u, i, t in rows)
+    if layout == "bom-header":
+        text = "\ufeffitem,user,rating,timestamp\n" + text
+    log = read_interactions(write("Cat.csv", text), kcore=0)
+    assert log.users == users
+    assert log.sequences == [items] * 3
+
+
 def _random_log(seed: int) -> InteractionLog:
     rng = np.random.default_rng(seed)
     seqs = [list(rng.zipf(1.6, size=rng.integers(1, 12)) % 40) for _ in range(60)]

@@ -266,6 +266,28 @@ def test_precision_path_is_float32_under_bf16_autocast(activation: str) -> None:
     assert grads["linear1.weight"].abs().sum() > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_running_sill_stays_float32_and_moves_after_a_cast(dtype) -> None:
+    """``model.to(bf16)`` casts every buffer; the running sill is put back in float32,
+    where a step of momentum 0.01 is not rounded away as it is in bf16."""
+    from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
+    from bft_lightning.nn.hstu import HSTULayer
+
+    others = [BFTLlamaDecoderLayer(32, 4, 2, 64, precision="on"), HSTULayer(D, H, max_len=8)]
+    for other in others:  # the same rule in every layer that keeps a running sill
+        assert other.to(dtype).sill.dtype == torch.float32
+    layer = bft_layer(precision="on").to(dtype)
+    assert layer.sill.dtype == torch.float32 and layer.linear1.weight.dtype == dtype
+    assert bft_layer(precision="on").double().sill.dtype == torch.float64
+    sign = (-1.0) ** torch.arange(16).view(1, 1, 16, 1)  # mean 0 over positions
+    values = 1.2**0.5 * sign.expand(4, H, 16, D // H)  # variance 1.2 per head, exactly
+    valid = torch.ones(4, 16, dtype=torch.bool)
+    for _ in range(50):  # each step 0.01 x 0.2 = 0.002: below half a bf16 spacing at 1
+        BF.update_running_sill_(layer.sill, values, valid, momentum=0.01)
+    want = torch.full((H,), 1 + 0.2 * (1 - 0.99**50))
+    torch.testing.assert_close(layer.sill, want)
+
+
 @pytest.mark.parametrize("groups", [1, H, D])
 def test_groups_agree_with_per_channel_delta_rule(groups: int) -> None:
     """Pooled precision propagation equals the unpooled per-channel computation."""
