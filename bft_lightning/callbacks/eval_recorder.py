@@ -66,6 +66,7 @@ class EvalRecorder(Callback):
         self._sums: dict[str, Tensor] | None = None
         self._recording = False
         self._warned_no_logger = False
+        self._warned_no_layers = False
 
     # subclass interface
     def prepare(self, trainer: Trainer, pl_module: LightningModule) -> bool:
@@ -100,11 +101,18 @@ class EvalRecorder(Callback):
 
     # the loop
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._layers = select_layers(pl_module, self.layer_patterns, type(self).__name__)
+        self._select(pl_module, warn=False)
         if self.needs_logger:
             self._warned_no_logger = output.warn_if_no_logger(
                 trainer, type(self).__name__, self._warned_no_logger
             )
+
+    def _select(self, pl_module: LightningModule, warn: bool = True) -> None:
+        """Find the layers; again at each run start, since ``configure_model`` runs after
+        ``setup``. No collective: every rank finds the same layers in the same model."""
+        warn = warn and not self._warned_no_layers
+        self._layers = select_layers(pl_module, self.layer_patterns, type(self).__name__, warn)
+        self._warned_no_layers |= warn and not self._layers
 
     def _start(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._sums = None
@@ -138,6 +146,14 @@ class EvalRecorder(Callback):
         self.emit(trainer, totals, f"{self.prefix}_{_STAGE_SUFFIX[stage]}", trainer.global_step)
 
     # Lightning hooks
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if "validate" in self.stages:
+            self._select(pl_module)
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if "test" in self.stages:
+            self._select(pl_module)
+
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start(trainer, pl_module, "validate")
 

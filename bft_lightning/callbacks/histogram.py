@@ -1,10 +1,13 @@
 """Fixed-bin histograms whose sums are exact under DDP.
 
 A histogram here is one float64 row: ``bins`` counts followed by
-``[n, sum, sum_of_squares]``. Rows from several batches or several processes
-add up elementwise, so the histogram of a 2-process run, summed across ranks,
-has exactly the counts one process would compute over the same samples. The
-extremes (min, max) travel separately as ``[max, -min]``, reduced with ``max``.
+``[n, sum, sum_of_squares, nonfinite]``; ``n`` and the moments cover the
+finite values, ``nonfinite`` counts the NaN / infinite ones, which would
+otherwise vanish and make a diverging model look healthy. Rows from several
+batches or several processes add up elementwise, so the histogram of a
+2-process run, summed across ranks, has exactly the counts one process would
+compute over the same samples. The extremes (min, max) travel separately as
+``[max, -min]``, reduced with ``max``.
 
 Values outside ``[lo, hi]`` are clamped into the edge bins (so the counts sum
 to ``n``); the true min and max are kept. Percentiles read from the counts are
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-MOMENTS = 3  # n, sum, sum of squares, after the counts
+MOMENTS = 4  # n, sum, sum of squares, non-finite count, after the counts
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,15 @@ class Bins:
 
 
 def histogram_row(values: Tensor, bins: Bins) -> Tensor:
-    """Counts and moments of the finite entries of ``values``: (bins.n + 3,) float64."""
+    """Counts and moments of the finite entries of ``values``, then how many were not
+    finite: (bins.n + MOMENTS,) float64."""
     v = values.detach().flatten().float()
-    v = v[torch.isfinite(v)]
+    finite = torch.isfinite(v)
+    v = v[finite]
     counts = torch.histc(v.clamp(bins.lo, bins.hi), bins=bins.n, min=bins.lo, max=bins.hi)
     vd = v.double()
-    moments = torch.stack([vd.new_tensor(float(v.numel())), vd.sum(), vd.square().sum()])
+    n, bad = float(v.numel()), float(finite.numel() - v.numel())
+    moments = torch.stack([vd.new_tensor(n), vd.sum(), vd.square().sum(), vd.new_tensor(bad)])
     return torch.cat([counts.double(), moments])
 
 
@@ -69,7 +75,8 @@ def extremes_row(values: Tensor) -> Tensor:
 class Histogram:
     """A reduced histogram, ready for ``SummaryWriter.add_histogram_raw``.
 
-    counts: (bins,) float64; limits: (bins,) right bin edges.
+    counts: (bins,) float64; limits: (bins,) right bin edges; ``num`` and the
+    moments cover the finite values, ``nonfinite`` counts the others.
     """
 
     counts: Tensor
@@ -79,11 +86,12 @@ class Histogram:
     sum_squares: float
     min: float
     max: float
+    nonfinite: float = 0.0
 
     @classmethod
     def from_rows(cls, row: Tensor, extremes: Tensor, bins: Bins) -> Histogram:
         row, extremes = row.detach().cpu().double(), extremes.detach().cpu().double()
-        n, s, ss = (float(x) for x in row[bins.n :])
+        n, s, ss, bad = (float(x) for x in row[bins.n :])
         return cls(
             counts=row[: bins.n],
             limits=bins.edges()[1:],
@@ -92,6 +100,7 @@ class Histogram:
             sum_squares=ss,
             min=-float(extremes[1]),
             max=float(extremes[0]),
+            nonfinite=bad,
         )
 
     @property

@@ -11,6 +11,8 @@ on validation):
 - ``{prefix}/L/X``: a TensorBoard histogram of ``X`` at valid positions;
 - ``{prefix}/L/X/mean``: its mean (any logger);
 - ``{prefix}/L/X/p10`` ...: percentiles of the quantities in ``percentiles``;
+- ``{prefix}/L/X/nonfinite``: how many values were NaN or infinite (left out
+  of the histogram, so a diverging layer does not look healthy);
 - ``{prefix}/L/q`` and ``{prefix}/L/q/g{i}``: process noise ``Q`` per group.
 
 Quantities: ``log_prec`` (log lambda, the prior entering the layer),
@@ -18,17 +20,21 @@ Quantities: ``log_prec`` (log lambda, the prior entering the layer),
 posterior after the update), ``log_prec_out`` (log lambda'' after the predict
 step), ``gain`` (K), ``n_eff``, ``jbar`` (Jbar), ``gate`` (the sigmoid gate
 of gated attention, when present) and ``q``. Layers with ``precision="off"``
-report ``K = 1`` and zero log precisions; for their ``n_eff`` they record the
-attention weights on logged batches (a (B, H, T, T) tensor per layer; leave
-``n_eff`` out of ``quantities`` to avoid it).
+report ``K = 1`` and zero log precisions. Their ``n_eff`` needs the attention
+weights, so it is logged only with ``off_layer_n_eff=True``: asking for the
+weights makes a fused kernel (``attention_impl="chunked"`` or ``"sdpa"``)
+take the reference kernel on logged batches, which rounds differently (the
+off twin would no longer train bit-identically with and without the
+monitor), and holds a (B, H, T, T) tensor per layer.
 
-Under DDP every rank computes fixed-bin counts and ``[n, sum, sumsq]``, which
-are summed across ranks (and ``[max, -min]`` max-reduced) once per logged
-step: the logged histogram equals the one a single process would compute
-over the same samples. Means come from the summed moments; percentiles from
-the summed counts, so they are bin-resolution estimates (within one bin width,
-``(hi - lo) / bins``). Whether a step is logged depends on
-``trainer.global_step`` only, so every rank reaches the collectives together.
+Under DDP every rank computes fixed-bin counts and ``[n, sum, sumsq,
+nonfinite]``, which are summed across ranks (and ``[max, -min]``
+max-reduced) once per logged step: the logged histogram and non-finite count
+equal those a single process would compute over the same samples. Means
+come from the summed moments; percentiles from the summed counts, so they are
+bin-resolution estimates (within one bin width, ``(hi - lo) / bins``).
+Whether a step is logged depends on ``trainer.global_step`` only, so every
+rank reaches the collectives together.
 """
 
 from __future__ import annotations
@@ -49,7 +55,14 @@ from bft_lightning.callbacks.histogram import (
     histogram_row,
 )
 from bft_lightning.callbacks.histogram import percentile as bin_percentile
-from bft_lightning.callbacks.recording import Layers, acquire, read_stats, release, select_layers
+from bft_lightning.callbacks.recording import (
+    Layers,
+    acquire,
+    is_plain,
+    read_stats,
+    release,
+    select_layers,
+)
 from bft_lightning.nn.stats import FilterStats
 
 #: Per-position quantities of ``FilterStats`` and their default histogram ranges.
@@ -65,6 +78,8 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "q": (0.0, 1.0),
 }
 QUANTITIES: tuple[str, ...] = tuple(DEFAULT_RANGES)
+#: Quantities with per-position values, hence percentiles (``q`` has one value per group).
+PERCENTILE_QUANTITIES: tuple[str, ...] = tuple(q for q in QUANTITIES if q != "q")
 
 
 class PrecisionMonitor(Callback):
@@ -84,10 +99,15 @@ class PrecisionMonitor(Callback):
         bins: histogram bins per quantity.
         ranges: ``{quantity: [lo, hi]}`` overriding the default ranges (values
             outside land in the edge bins; the true min / max are kept).
-        percentiles: ``{quantity: [10, 50, 90]}``: percentile scalars to log;
-            None means ``{"gain": [10, 50, 90]}``.
+        percentiles: ``{quantity: [10, 50, 90]}``: percentile scalars (0..100)
+            to log, for logged quantities other than ``q``; None means
+            ``{"gain": [10, 50, 90]}`` when ``gain`` is logged.
         histograms: write TensorBoard histograms (scalars go to every logger).
-        prefix: tag prefix.
+        prefix: tag prefix. Two monitors in one trainer that log the same
+            layer and quantity need different prefixes (their tags would mix).
+        off_layer_n_eff: record the attention weights of ``precision="off"``
+            layers on logged batches, to log their ``n_eff`` (see the module
+            docstring for why this is off by default).
     """
 
     def __init__(
@@ -102,18 +122,23 @@ class PrecisionMonitor(Callback):
         percentiles: dict[str, list[float]] | None = None,
         histograms: bool = True,
         prefix: str = "bft",
+        off_layer_n_eff: bool = False,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps, self.layer_patterns = every_n_steps, layers
         self.quantities = _check_names(quantities, "quantities")
+        self._quantities_arg = quantities
         self.log_on_validation, self.val_max_batches = log_on_validation, val_max_batches
         self.bins = {q: Bins(*DEFAULT_RANGES[q], bins) for q in QUANTITIES}
         for q, (lo, hi) in (ranges or {}).items():
             self.bins[_check_names([q], "ranges")[0]] = Bins(float(lo), float(hi), bins)
-        self.percentiles = {"gain": [10.0, 50.0, 90.0]} if percentiles is None else percentiles
-        _check_names(list(self.percentiles), "percentiles")
+        if percentiles is None:
+            percentiles = {"gain": [10.0, 50.0, 90.0]} if "gain" in self.quantities else {}
+        self.percentiles = percentiles
+        _check_percentiles(self.percentiles, self.quantities)
         self.histograms, self.prefix = histograms, prefix
+        self.off_layer_n_eff = off_layer_n_eff
         self.last_step, self.num_logged = -1, 0
         self.last_histograms: dict[str, Histogram] = {}
         self.last_summary: dict[str, float] = {}
@@ -121,10 +146,20 @@ class PrecisionMonitor(Callback):
         self._recording = False
         self._val: _Accumulator | None = None
         self._warned_no_logger = False
+        self._warned_no_layers = False
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(prefix=self.prefix, every_n_steps=self.every_n_steps)
+        """Distinct for monitors that log different tags, so several can share a trainer.
+
+        ``layers`` and ``quantities`` join the key only when given, so a default
+        monitor keeps the key of older checkpoints and resumes from them.
+        """
+        given = {"layers": self.layer_patterns, "quantities": self._quantities_arg}
+        extra = {k: v for k, v in given.items() if v is not None}
+        return self._generate_state_key(
+            prefix=self.prefix, every_n_steps=self.every_n_steps, **extra
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_step": self.last_step, "num_logged": self.num_logged}
@@ -134,14 +169,47 @@ class PrecisionMonitor(Callback):
         self.num_logged = int(state_dict.get("num_logged", 0))
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._layers = select_layers(pl_module, self.layer_patterns, type(self).__name__)
+        self._select(pl_module, warn=False)
         self._warned_no_logger = output.warn_if_no_logger(
             trainer, type(self).__name__, self._warned_no_logger
         )
 
+    def _select(self, pl_module: LightningModule, warn: bool = True) -> None:
+        """Find the layers; again at each run start, since ``configure_model`` runs after
+        ``setup``. No collective: every rank finds the same layers in the same model."""
+        warn = warn and not self._warned_no_layers
+        self._layers = select_layers(pl_module, self.layer_patterns, type(self).__name__, warn)
+        self._warned_no_layers |= warn and not self._layers
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._select(pl_module)
+        self._check_tags_unique(trainer, pl_module)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._select(pl_module)
+
+    def _check_tags_unique(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Two monitors writing the same tag would mix their series into one: refuse."""
+        mine = {name for name, _ in self._layers}
+        for other in trainer.callbacks:  # type: ignore[attr-defined]
+            if other is self or not isinstance(other, PrecisionMonitor):
+                continue
+            if other.prefix != self.prefix:
+                continue
+            theirs = select_layers(pl_module, other.layer_patterns, type(other).__name__, False)
+            layers = sorted(mine & {name for name, _ in theirs})
+            quantities = [q for q in self.quantities if q in other.quantities]
+            if layers and quantities:
+                raise ValueError(
+                    f"PrecisionMonitor: two monitors log layer {layers[0]!r}, quantity "
+                    f"{quantities[0]!r} under the same prefix {self.prefix!r}; give one a "
+                    "different `prefix` (or change the existing monitor instead of adding one)"
+                )
+
     def _acquire(self) -> None:
-        """Record the layers (and, for ``n_eff``, the weights of ``precision="off"`` layers)."""
-        acquire(self._layers, self, attention="off" if "n_eff" in self.quantities else False)
+        """Record the layers (and, with ``off_layer_n_eff``, the weights of off layers)."""
+        off = "n_eff" in self.quantities and self.off_layer_n_eff
+        acquire(self._layers, self, attention="off" if off else False)
 
     def should_log(self, trainer: Trainer) -> bool:
         """Whether this training batch is logged: depends on ``global_step`` only."""
@@ -228,9 +296,12 @@ class PrecisionMonitor(Callback):
         for i, (name, _) in enumerate(self._layers):
             for j, q in enumerate(acc.names):
                 h = Histogram.from_rows(rows[i, j], extremes[i, j], self.bins[q])
-                if h.num <= 0:
+                if h.num <= 0 and h.nonfinite <= 0:
                     continue
                 tag = f"{prefix}/{name}/{q}"
+                scalars[f"{tag}/nonfinite"] = h.nonfinite
+                if h.num <= 0:
+                    continue
                 hists[tag] = h
                 scalars[f"{tag}/mean"] = h.mean
                 for p in self.percentiles.get(q, []):
@@ -245,7 +316,8 @@ class PrecisionMonitor(Callback):
     ) -> None:
         """Q is a parameter (equal on every rank): histogram over groups, no reduce."""
         bins = self.bins["q"]
-        hists[tag] = Histogram.from_rows(histogram_row(q, bins), extremes_row(q), bins)
+        hists[tag] = h = Histogram.from_rows(histogram_row(q, bins), extremes_row(q), bins)
+        scalars[f"{tag}/nonfinite"] = h.nonfinite
         scalars[f"{tag}/mean"] = float(q.mean())
         scalars.update({f"{tag}/g{g}": float(v) for g, v in enumerate(q.tolist())})
 
@@ -261,6 +333,10 @@ class _Accumulator:
         self.rows = torch.zeros(*shape, n_bins + MOMENTS, dtype=torch.float64, device=device)
         self.extremes = torch.full((*shape, 2), float("-inf"), dtype=torch.float64, device=device)
         self.q: list[Tensor | None] = [None] * n_layers
+        # off layers report zeros for n_eff unless their weights were recorded
+        self.skip_n_eff = [
+            is_plain(layer) and not monitor.off_layer_n_eff for _, layer in monitor._layers
+        ]
 
     def add(self, stats: Sequence[FilterStats | None]) -> None:
         for i, s in enumerate(stats):
@@ -268,13 +344,28 @@ class _Accumulator:
                 continue
             self.q[i] = s.q
             for j, (name, bins) in enumerate(zip(self.names, self.bins)):
-                if getattr(s, name) is None:
+                if getattr(s, name) is None or (name == "n_eff" and self.skip_n_eff[i]):
                     continue
                 values = s.masked(name)
                 self.rows[i, j] += histogram_row(values, bins).to(self.rows.device)
                 self.extremes[i, j] = torch.maximum(
                     self.extremes[i, j], extremes_row(values).to(self.rows.device)
                 )
+
+
+def _check_percentiles(percentiles: Mapping[str, Sequence[float]], quantities: list[str]) -> None:
+    """Fail at construction, not at the first logged step (which may be hours in)."""
+    for key, values in percentiles.items():
+        if key not in PERCENTILE_QUANTITIES or key not in quantities:
+            choices = [q for q in quantities if q in PERCENTILE_QUANTITIES]
+            raise ValueError(
+                f"percentiles: key {key!r} is not a logged quantity with percentiles; "
+                f"choose from {choices} (q has one value per group: see q/g{{i}})"
+            )
+        for p in values:
+            ok = isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 100
+            if not ok:
+                raise ValueError(f"percentiles[{key!r}]: {p!r} is not a percentile in [0, 100]")
 
 
 def _check_names(names: Sequence[str] | Mapping[str, Any] | None, option: str) -> list[str]:

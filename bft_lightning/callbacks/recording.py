@@ -29,23 +29,31 @@ _REQUESTS: weakref.WeakKeyDictionary[object, dict[int, bool]] = weakref.WeakKeyD
 _BEFORE: weakref.WeakKeyDictionary[object, tuple[bool, bool]] = weakref.WeakKeyDictionary()
 
 
-def select_layers(model: nn.Module, patterns: Sequence[str | int] | None, who: str) -> Layers:
+def select_layers(
+    model: nn.Module, patterns: Sequence[str | int] | None, who: str, warn: bool = True
+) -> Layers:
     """The filter layers of ``model`` named by ``patterns``, in module order.
 
     A pattern is a glob on the module name (``"encoder.layers.*"``) or an
-    index into the found layers (``0``, ``-1``). None selects every layer.
-    Warns (once per call) when nothing matches.
+    index into the found layers (``0``, ``-1``; ``-count`` .. ``count - 1``).
+    None selects every layer. With ``warn``, warns when nothing matches.
+
+    Raises:
+        ValueError: an index outside the found layers (checked only once some
+            are found: a model may build its layers after the callback's setup).
     """
     found = list(find_filter_layers(model))
     if patterns is None:
         chosen = found
     else:
+        for p in patterns:
+            _check_index(p, len(found), who)
         chosen = [
             (name, layer)
             for i, (name, layer) in enumerate(found)
             if any(_matches(p, name, i, len(found)) for p in patterns)
         ]
-    if not chosen:
+    if not chosen and warn:
         rank_zero_warn(
             f"{who}: found no BFT layer (no module with `record`, `record_attention` and "
             f"`last_stats`) matching layers={patterns!r} in {type(model).__name__}; "
@@ -54,10 +62,26 @@ def select_layers(model: nn.Module, patterns: Sequence[str | int] | None, who: s
     return chosen
 
 
+def _index(pattern: str | int) -> int | None:
+    if isinstance(pattern, int):
+        return pattern
+    return int(pattern) if pattern.lstrip("-").isdigit() else None
+
+
+def _check_index(pattern: str | int, count: int, who: str) -> None:
+    index = _index(pattern)
+    if index is not None and count and not -count <= index < count:
+        raise ValueError(
+            f"{who}: layers index {pattern!r} is out of range: the model has {count} BFT "
+            f"layers (indices {-count}..{count - 1})"
+        )
+
+
 def _matches(pattern: str | int, name: str, index: int, count: int) -> bool:
-    if isinstance(pattern, int) or pattern.lstrip("-").isdigit():
-        return int(pattern) % count == index if count else False
-    return fnmatchcase(name, pattern)
+    i = _index(pattern)
+    if i is not None:
+        return i % count == index if count else False
+    return fnmatchcase(name, str(pattern))
 
 
 def acquire(layers: Layers, owner: object, attention: bool | str = False) -> None:
@@ -68,7 +92,7 @@ def acquire(layers: Layers, owner: object, attention: bool | str = False) -> Non
     (BFT layers compute it anyway, without holding a (B, H, T, T) tensor).
     """
     for _, layer in layers:
-        wants = attention is True or (attention == "off" and _is_plain(layer))
+        wants = attention is True or (attention == "off" and is_plain(layer))
         requests = _REQUESTS.setdefault(layer, {})
         if not requests:
             _BEFORE[layer] = (layer.record, layer.record_attention)
@@ -77,7 +101,8 @@ def acquire(layers: Layers, owner: object, attention: bool | str = False) -> Non
         layer.record_attention = layer.record_attention or wants
 
 
-def _is_plain(layer: FilterRecorder) -> bool:
+def is_plain(layer: FilterRecorder) -> bool:
+    """Whether ``layer`` runs with ``precision="off"`` (no filter: its gain is 1)."""
     return getattr(layer, "precision", None) == "off"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from toy_bft import FAST, RankBatches, ScriptedModule, ToyBFT, loader, make_batches
+from toy_bft import FAST, LazyToy, RankBatches, ScriptedModule, ToyBFT, loader, make_batches
 
 from bft_lightning.callbacks import GainByContextLength, GainByStratum
 
@@ -163,3 +163,15 @@ def test_stratum_ids_align_with_trimmed_left_padding():
     stats = SimpleNamespace(valid=torch.ones(2, 2, dtype=torch.bool))
     with pytest.warns(UserWarning, match="positions"):
         assert cb._item_ids({"input_ids": ids}, stats) is None
+
+
+def test_eval_callbacks_find_layers_built_in_configure_model(tmp_path):
+    cb = GainByContextLength(bucket_edges=[1, 4], stages=["validate", "test"], filename=None)
+    t = trainer(tmp_path, cb)
+    t.validate(LazyToy(), loader(data(1)))
+    assert cb.layer_names == ["encoder.layers.0", "encoder.layers.1"]
+    assert cb.last_means["K"].shape[0] == 2 and "gain_ctx_val/encoder.layers.1/K/ctx1" in (
+        cb.last_summary
+    )
+    t.test(LazyToy(), loader(data(1)))
+    assert "gain_ctx_test/encoder.layers.1/K/ctx1" in cb.last_summary

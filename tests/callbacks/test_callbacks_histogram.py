@@ -16,14 +16,17 @@ from bft_lightning.callbacks.histogram import (
 
 def test_counts_and_moments_match_the_samples():
     bins = Bins(0.0, 1.0, 10)
-    x = torch.tensor([0.05, 0.15, 0.15, 0.95, 1.0, float("nan")])
+    x = torch.tensor([0.05, 0.15, 0.15, 0.95, 1.0, math.nan, math.inf, -math.inf])
     row = histogram_row(x, bins)
-    assert row.dtype == torch.float64 and row.shape == (13,)
+    assert row.dtype == torch.float64 and row.shape == (14,)
     assert row[:10].tolist() == [1, 2, 0, 0, 0, 0, 0, 0, 0, 2]
-    finite = x[:-1].double()
+    finite = x[:5].double()
     assert row[10] == 5
     assert row[11].item() == pytest.approx(finite.sum().item())
     assert row[12].item() == pytest.approx(finite.square().sum().item())
+    assert row[13] == 3  # NaN, +inf, -inf: counted, not dropped
+    h = Histogram.from_rows(row + histogram_row(x[5:], bins), extremes_row(x), bins)
+    assert (h.num, h.nonfinite, h.max) == (5, 6, 1.0) and h.min == pytest.approx(0.05)
 
 
 def test_out_of_range_values_land_in_the_edge_bins_and_extremes_stay_true():

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tb_events import read_events
-from toy_bft import FAST, ToyBFT, loader, make_batches
+from toy_bft import FAST, LazyToy, ScriptedModule, ToyBFT, loader, make_batches
 
 from bft_lightning.callbacks import PrecisionMonitor
 from bft_lightning.callbacks.recording import select_layers
@@ -107,14 +107,14 @@ def test_layer_quantity_range_and_bin_options(tmp_path):
     assert h.counts.shape == (10,) and h.limits[0] == pytest.approx(0.55)
     assert set(monitor.last_summary) == {
         f"bft/{L1}/gain/mean", f"bft/{L1}/gain/p25", f"bft/{L1}/q/mean",
-        f"bft/{L1}/q/g0", f"bft/{L1}/q/g1",
+        f"bft/{L1}/q/g0", f"bft/{L1}/q/g1", f"bft/{L1}/gain/nonfinite", f"bft/{L1}/q/nonfinite",
     }  # fmt: skip
     with pytest.raises(ValueError, match="unknown quantities"):
         PrecisionMonitor(quantities=["lambda"])
 
 
 def test_layers_without_bft_report_gain_one_and_n_eff(tmp_path):
-    monitor = PrecisionMonitor(every_n_steps=1, quantities=["gain", "n_eff"])
+    monitor = PrecisionMonitor(every_n_steps=1, quantities=["gain", "n_eff"], off_layer_n_eff=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer(tmp_path, [monitor], max_steps=1).fit(
@@ -156,7 +156,6 @@ def test_gradient_accumulation_logs_once_per_step(tmp_path):
 
 def test_layers_found_by_the_protocol_alone_on_validation(tmp_path):
     """A foreign layer that is no BFTEncoderLayer, only follows the recording protocol."""
-    from toy_bft import ScriptedModule
 
     def script(ids):
         return {"gain": (ids.float() / 100).unsqueeze(-1).expand(-1, -1, 2)}
@@ -172,3 +171,93 @@ def test_layers_found_by_the_protocol_alone_on_validation(tmp_path):
     assert h.mean == pytest.approx(ids.mean().item())
     hists, _ = read_events(f"{tmp_path}/tb/version_0")
     assert sum(dict(hists["bft_val/blocks.0/gain"])[0].bucket) == 2 * ids.numel()
+
+
+def test_layers_built_in_configure_model_are_found(tmp_path):
+    monitor = PrecisionMonitor(every_n_steps=1, log_on_validation=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, [monitor], max_steps=2).fit(
+            LazyToy(), loader(make_batches(2)), loader(make_batches(1, seed=7))
+        )
+    assert not [w for w in caught if "found no BFT layer" in str(w.message)]
+    assert [name for name, _ in monitor._layers] == [L0, "encoder.layers.1"]
+    assert monitor.num_logged == 3  # steps 0 and 1, and the validation epoch
+    assert monitor.last_histograms[f"bft_val/{L0}/gain"].num > 0
+
+    validate_only = PrecisionMonitor(log_on_validation=True)
+    trainer(tmp_path, [validate_only]).validate(LazyToy(), loader(make_batches(1, seed=7)))
+    assert validate_only.last_histograms[f"bft_val/{L0}/gain"].num > 0
+
+
+def test_two_monitors_with_the_same_interval_share_a_trainer(tmp_path):
+    gain = PrecisionMonitor(every_n_steps=1, quantities=["gain"])
+    n_eff = PrecisionMonitor(every_n_steps=1, layers=[0], quantities=["n_eff"])
+    assert gain.state_key != n_eff.state_key
+    assert PrecisionMonitor().state_key == PrecisionMonitor().state_key  # a default one resumes
+    t = trainer(tmp_path, [gain, n_eff], max_steps=1)
+    t.fit(ToyBFT(), loader(make_batches(1)))
+    assert gain.num_logged == n_eff.num_logged == 1
+    assert {k.rsplit("/", 1)[0] for k in n_eff.last_summary} == {f"bft/{L0}/n_eff"}
+    ckpt = str(tmp_path / "two.ckpt")
+    t.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, weights_only=False)["callbacks"]
+    assert saved[n_eff.state_key] == {"last_step": 0, "num_logged": 1}
+    assert gain.state_key in saved
+
+
+def test_two_monitors_writing_the_same_tags_are_refused(tmp_path):
+    both = [PrecisionMonitor(every_n_steps=2), PrecisionMonitor(every_n_steps=3, layers=[-1])]
+    with pytest.raises(ValueError, match="encoder.layers.1.*same prefix 'bft'"):
+        trainer(tmp_path, both, max_steps=1).fit(ToyBFT(), loader(make_batches(1)))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "chunked"])
+def test_an_off_layer_with_a_fused_kernel_trains_identically_with_the_monitor(tmp_path, impl):
+    def params(callbacks):
+        seed_everything(0)
+        model = ToyBFT(precision="off", attention_impl=impl)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer(tmp_path, callbacks, max_steps=3).fit(model, loader(make_batches(3)))
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    monitor = PrecisionMonitor(every_n_steps=1)
+    assert torch.equal(params([]), params([monitor]))
+    assert monitor.num_logged == 3
+    assert not any("n_eff" in tag for tag in monitor.last_histograms)  # not measured: not logged
+    asked = PrecisionMonitor(every_n_steps=1, off_layer_n_eff=True)
+    params([asked])
+    assert asked.last_histograms[f"bft/{L0}/n_eff"].min >= 1.0
+
+
+def test_bad_percentiles_are_refused_at_construction():
+    with pytest.raises(ValueError, match=r"percentiles\['gain'\]: 150"):
+        PrecisionMonitor(percentiles={"gain": [50, 150]})
+    with pytest.raises(ValueError, match="key 'q'"):
+        PrecisionMonitor(percentiles={"q": [50]})
+    with pytest.raises(ValueError, match="key 'n_eff'"):
+        PrecisionMonitor(quantities=["gain"], percentiles={"n_eff": [50]})
+    assert PrecisionMonitor(quantities=["n_eff"]).percentiles == {}
+
+
+def test_non_finite_values_are_counted_not_dropped(tmp_path):
+    def script(ids):
+        gain = (ids.float() / 100).unsqueeze(-1).expand(-1, -1, 2).clone()
+        gain[ids % 3 == 0] = float("nan")
+        gain[ids % 3 == 1, 0] = float("inf")
+        return {"gain": gain}
+
+    batches = make_batches(2)
+    monitor = PrecisionMonitor(log_on_validation=True, quantities=["gain", "log_prec"])
+    logger = CSVLogger(str(tmp_path), name="csv", version=0)
+    trainer(tmp_path, [monitor], logger=logger).validate(ScriptedModule(script), loader(batches))
+    ids = torch.cat([b["input_ids"][b["input_ids"] > 0] for b in batches])
+    bad = 2 * int((ids % 3 == 0).sum()) + int((ids % 3 == 1).sum())
+    assert 0 < bad < 2 * ids.numel()
+    tag = "bft_val/blocks.0/gain"
+    assert monitor.last_summary[f"{tag}/nonfinite"] == bad
+    assert monitor.last_histograms[tag].num == 2 * ids.numel() - bad
+    assert monitor.last_summary["bft_val/blocks.0/log_prec/nonfinite"] == 0
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        assert [float(r[f"{tag}/nonfinite"]) for r in csv.DictReader(f)] == [bad]

@@ -27,6 +27,16 @@ def test_select_by_glob_and_by_index():
     assert [n for n, _ in select_layers(m, [0, "-1"], "t")] == [names[0], names[2]]
 
 
+def test_out_of_range_indices_are_refused():
+    m = UserModel()  # 3 layers: indices -3..2
+    assert [n for n, _ in select_layers(m, [-3], "t")] == ["encoder.layers.0"]
+    for index in (3, -4, "3", "-4"):
+        with pytest.raises(ValueError, match=rf"t: layers index '?{index}'? .* 3 BFT layers"):
+            select_layers(m, [index], "t")
+    with pytest.warns(UserWarning, match="found no BFT layer"):  # no layers yet: no range
+        assert select_layers(nn.Linear(2, 2), [5], "t") == []
+
+
 def test_no_match_warns():
     with pytest.warns(UserWarning, match="found no BFT layer"):
         assert select_layers(nn.Linear(2, 2), None, "t") == []

@@ -37,13 +37,14 @@ class ToyBFT(LightningModule):
         gate: str | None = None,
         lr: float = 0.05,
         sill_momentum: float = 0.01,
+        attention_impl: str = "reference",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.emb = nn.Embedding(vocab, d, padding_idx=0)
         layer = BFTEncoderLayer(
             d, 2, dim_feedforward=32, dropout=0.0, precision=precision,
-            attention_gate=gate, sill_momentum=sill_momentum,
+            attention_gate=gate, sill_momentum=sill_momentum, attention_impl=attention_impl,
         )  # fmt: skip
         self.encoder = BFTEncoder(layer, layers)
         self.head = nn.Linear(d, vocab)
@@ -70,6 +71,19 @@ class ToyBFT(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class LazyToy(ToyBFT):
+    """Builds its encoder in ``configure_model``, which Lightning calls after callback setup."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.encoder
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "encoder"):
+            layer = BFTEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0)
+            self.encoder = BFTEncoder(layer, 2)
 
 
 def make_batch(batch_size: int = 4, length: int = 10, vocab: int = 24, seed: int = 0) -> dict:
