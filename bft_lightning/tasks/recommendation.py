@@ -21,6 +21,7 @@ from torch import Tensor
 from bft_lightning.metrics import RankingMetric, write_report
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
+from bft_lightning.nn.hstu import RelativeAttentionBias
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.tasks.optim import configure_adamw
 
@@ -198,12 +199,13 @@ class SequentialRecommendation(L.LightningModule):
         lp = None if log_prec is None else log_prec[sel]
         loss = self.loss(hidden[sel], labels[sel], lp)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(sel.sum()))
+        timed = times is not None
         if self.loss_normalization == "rows":
             rows = torch.full_like(sel.sum(), labels.shape[0])
-            return self._global_mean(loss * sel.sum() / rows, rows)
-        return self._global_mean(loss, sel.sum())
+            return self._global_mean(loss * sel.sum() / rows, rows, timed)
+        return self._global_mean(loss, sel.sum(), timed)
 
-    def _global_mean(self, loss: Tensor, count: Tensor) -> Tensor:
+    def _global_mean(self, loss: Tensor, count: Tensor, timed: bool = True) -> Tensor:
         """Rescale a per-process mean so DDP's gradient average is the mean over all targets
         (or rows: ``count`` is what ``loss`` is a mean over).
 
@@ -217,9 +219,10 @@ class SequentialRecommendation(L.LightningModule):
             return loss
         count = count.detach().to(loss.dtype)
         total = self.trainer.strategy.reduce(count.clone(), reduce_op="sum")
-        return loss * (count * world / total.clamp_min(1)) + self._unused_parameters_anchor()
+        anchor = self._unused_parameters_anchor(timed)
+        return loss * (count * world / total.clamp_min(1)) + anchor
 
-    def _unused_parameters_anchor(self) -> Tensor | float:
+    def _unused_parameters_anchor(self, timed: bool = True) -> Tensor | float:
         """``0 *`` the parameters the model declares unused, so plain DDP accepts the model.
 
         A BFT layer whose output precision feeds nothing (the last layer with
@@ -227,7 +230,9 @@ class SequentialRecommendation(L.LightningModule):
         compatibility but never gets a gradient; DDP without
         ``find_unused_parameters`` stops on such a parameter. Its gradient
         becomes 0, and AdamW leaves it where it is (rho is never decayed), so
-        the weights are those of one process. Only under DDP.
+        the weights are those of one process. Likewise HSTU's time-bucket weights
+        when the batch has no timestamps (``timed=False``: S3-Rec-format data).
+        Only under DDP.
         """
         unused = [
             rho
@@ -236,6 +241,12 @@ class SequentialRecommendation(L.LightningModule):
             and isinstance(rho := getattr(layer, "rho", None), torch.nn.Parameter)
             and rho.requires_grad
         ]
+        if not timed:
+            unused += [
+                m.time_weight
+                for m in self.model.modules()
+                if isinstance(m, RelativeAttentionBias) and m.time_weight.requires_grad
+            ]
         return sum((p.sum() * 0.0 for p in unused), 0.0)
 
     def loss(self, hidden: Tensor, target: Tensor, log_prec: Tensor | None) -> Tensor:

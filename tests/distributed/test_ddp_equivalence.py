@@ -241,3 +241,30 @@ def test_two_processes_follow_one_process_with_adamw_and_running_sill(tmp_path, 
     tolerance = 1e-4
     assert max_diff(ddp, one) < tolerance
     assert max_diff(other, one) > 10 * tolerance
+
+
+def test_hstu_without_timestamps_trains_under_plain_ddp(tmp_path, monkeypatch):
+    """HSTU's time-bucket weights get no gradient on data without timestamps; plain
+    DDP (no ``find_unused_parameters``) stops on such a parameter in its second step
+    unless the task anchors it."""
+    from bft_lightning.models import HSTU
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    rng = torch.Generator().manual_seed(0)
+    lines = [  # S3-Rec format: 'user item item ...', no timestamps
+        " ".join(map(str, [u, *torch.randint(1, 60, (8,), generator=rng).tolist()]))
+        for u in range(1, 201)
+    ]
+    (tmp_path / "seqs.txt").write_text("\n".join(lines) + "\n")
+    dm = SequenceDataModule(
+        path=str(tmp_path / "seqs.txt"), format="s3rec", max_len=MAX_LEN, batch_size=16
+    )
+    backbone = partial(HSTU, d_model=16, nhead=2, num_layers=1, dropout=0.0, precision="on")
+    model = SequentialRecommendation(dm.num_items, MAX_LEN, backbone=backbone, lr=3e-3)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    tr = trainer(tmp_path, 2, max_steps=3, limit_val_batches=0, strategy="ddp_fork")
+    tr.fit(model, dm)  # stopped in its second step before (rank 0's weights come back)
+    after = dict(model.named_parameters())
+    moved = {k: (after[k].detach() - p).abs().max().item() for k, p in before.items()}
+    assert all(v == 0.0 for k, v in moved.items() if "time_weight" in k), moved
+    assert moved["model.item_emb.weight"] > 0 and moved["model.encoder.layers.0.rab.pos_weight"] > 0
