@@ -65,6 +65,11 @@ def configure_adamw(
     opt = torch.optim.AdamW(parameter_groups(model, weight_decay, lr, prior_lr_scale), lr=lr)
     if not warmup_steps and not cosine:
         return opt
+    if cosine and not math.isfinite(module.trainer.estimated_stepping_batches):
+        raise ValueError(
+            "cosine=True decays the learning rate over the whole run, which needs a finite "
+            "length: set trainer.max_epochs or trainer.max_steps (not -1)"
+        )
 
     def factor(step: int) -> float:
         total = int(module.trainer.estimated_stepping_batches) if cosine else 0

@@ -100,10 +100,11 @@ class SequentialRecommendation(L.LightningModule):
             (layer-0 tau and rho).
         warmup_steps: linear warm-up steps (0 = none).
         cosine: cosine decay to 0 over the run after warm-up.
-        mask_history: exclude the items of the model's input window (the user's
-            last ``max_len`` items before the target) from the ranking; items older
-            than the window are not in an evaluation batch and stay ranked (off by
-            default: a repeat purchase is a legitimate target).
+        mask_history: exclude the items of the evaluation input (the user's last
+            ``max_len`` items before the target; BERT4Rec reads the last
+            ``max_len - 1`` of them, then its mask token) from the ranking; older
+            items are not in an evaluation batch and stay ranked (off by default:
+            a repeat purchase is a legitimate target).
         ks: cut-offs of HR@k / NDCG@k.
         report_dir: where test reports go; default the logger's directory.
         compile: compile the backbone's encoder with ``torch.compile`` (dynamic

@@ -222,3 +222,14 @@ def test_precision_parameters_get_their_own_learning_rate() -> None:
 def test_unknown_loss_is_named() -> None:
     with pytest.raises(ValueError, match="loss"):
         SequentialRecommendation(10, 5, loss="hinge")
+
+
+def test_cosine_schedule_without_a_run_length_is_refused(tmp_path) -> None:
+    """A cosine decay over an endless run (max_epochs = max_steps = -1) has no length:
+    refused with a message naming the settings, not an OverflowError."""
+    dm = small_data(synthetic_users=100)
+    task = SequentialRecommendation(
+        dm.num_items, 20, backbone=partial(SASRec, d_model=16), cosine=True
+    )
+    with pytest.raises(ValueError, match="max_epochs or trainer.max_steps"):
+        trainer(tmp_path, max_epochs=-1, max_steps=-1).fit(task, dm)
