@@ -155,25 +155,37 @@ class TextTokenizer:
     """A ``tokenizers.Tokenizer`` with the special ids an LM needs.
 
     ``encode`` never adds special tokens itself: the caller says whether a BOS
-    goes first, so prompts and answers can be encoded apart and joined.
+    goes first, so prompts and answers can be encoded apart and joined. Segments
+    are encoded as continuations of the text before them: a sentencepiece-style
+    tokenizer (Llama 2, TinyLlama) marks the start of every input with ``▁``
+    (a ``Prepend`` normalizer, or ``Metaspace`` with ``prepend_scheme="first"``),
+    which separately encoded segments would each carry: ``" Paris"`` became
+    ``▁ ▁Paris`` instead of the ``▁Paris`` the model reads in running text.
+    ``segment_tokenizer`` is the same tokenizer without that start marker;
+    ``save`` writes the original.
     """
 
     tokenizer: object
     bos_id: int | None
     eos_id: int
     pad_id: int
+    segment_tokenizer: object | None = None
+
+    @property
+    def _segments(self) -> object:
+        return self.tokenizer if self.segment_tokenizer is None else self.segment_tokenizer
 
     @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
 
     def encode(self, text: str, bos: bool = False) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
+        ids = self._segments.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
         return ([self.bos_id] if bos and self.bos_id is not None else []) + list(ids)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and (start, end) character offsets of each token in ``text``."""
-        enc = self.tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        enc = self._segments.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
         return list(enc.ids), [tuple(o) for o in enc.offsets]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -181,6 +193,38 @@ class TextTokenizer:
 
     def save(self, path: str | Path) -> None:
         self.tokenizer.save(str(path))  # type: ignore[attr-defined]
+
+
+def segment_tokenizer(tok: object) -> object | None:
+    """``tok`` without its start-of-input ``▁`` marker (see :class:`TextTokenizer`),
+    or None when it has none (byte-level and our own BPE tokenizers)."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())  # type: ignore[attr-defined]
+    changed = False
+
+    def strip(node: dict | None, kind: str) -> dict | None:
+        nonlocal changed
+        if node is None:
+            return None
+        if node.get("type") == "Sequence":
+            key = "normalizers" if kind == "normalizer" else "pretokenizers"
+            parts = [strip(n, kind) for n in node.get(key, [])]
+            node[key] = [n for n in parts if n is not None]
+            return node
+        if kind == "normalizer" and node.get("type") == "Prepend":
+            changed = True
+            return None
+        if kind == "pre_tokenizer" and node.get("type") == "Metaspace":
+            if node.get("prepend_scheme", "always") != "never" or node.get("add_prefix_space"):
+                changed = True
+                node["prepend_scheme"] = "never"
+                node.pop("add_prefix_space", None)
+        return node
+
+    spec["normalizer"] = strip(spec.get("normalizer"), "normalizer")
+    spec["pre_tokenizer"] = strip(spec.get("pre_tokenizer"), "pre_tokenizer")
+    return Tokenizer.from_str(json.dumps(spec)) if changed else None
 
 
 def _token_id(tok: object, names: Iterable[str]) -> int | None:
@@ -226,4 +270,5 @@ def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenize
     if eos is None:
         raise ValueError(f"{str(file)!r}: no EOS token found; set eos_token_id in config.json")
     pad = pad if pad is not None else _token_id(tok, ("<pad>", "[PAD]"))
-    return TextTokenizer(tok, bos, int(eos), int(pad if pad is not None else eos))
+    pad = int(pad if pad is not None else eos)
+    return TextTokenizer(tok, bos, int(eos), pad, segment_tokenizer(tok))

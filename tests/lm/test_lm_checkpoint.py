@@ -157,3 +157,50 @@ def test_transformers_4_config_layout() -> None:
     }  # fmt: skip
     c = LlamaConfig.from_hf(cfg)
     assert (c.hidden_size, c.num_key_value_heads, c.head_dim, c.rope_theta) == (2048, 4, 64, 1e4)
+
+
+def _sentencepiece_style(tmp_path: Path, scheme: str) -> Path:
+    """A small BPE with Llama 2's start marker: a ``Prepend("▁")`` normalizer (the
+    TinyLlama tokenizer.json) or a ``Metaspace(prepend_scheme="first")`` pre-tokenizer."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    if scheme == "prepend":
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    corpus = [
+        "Paris is the capital of France",
+        "Question: who\nAnswer: Paris",
+        "Answer: Paris",
+    ] * 50
+    tok.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"])
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path / "tokenizer.json"
+
+
+@pytest.mark.parametrize("scheme", ["prepend", "metaspace"])
+def test_segments_encode_as_continuations_of_running_text(tmp_path, scheme) -> None:
+    """Prompt and answer are encoded apart and joined: each must read as it does inside
+    running text (``▁Paris`` after ``Answer:``), not as the start of an input, which a
+    sentencepiece-style tokenizer marks with its own ``▁``; the saved file is unchanged."""
+    from tokenizers import Tokenizer
+
+    path = _sentencepiece_style(tmp_path, scheme)
+    tok = load_tokenizer(path)
+    raw = Tokenizer.from_file(str(path))
+
+    def pieces(ids: list[int]) -> list[str]:
+        return [raw.id_to_token(i) for i in ids]
+
+    assert pieces(tok.encode(" Paris")) == ["▁Paris"]  # as after "Answer:" in running text
+    assert not pieces(tok.encode("Answer:"))[0].startswith("▁")  # as after "\n"
+    assert pieces(raw.encode("Answer:", add_special_tokens=False).ids)[0].startswith("▁")
+    if scheme == "prepend":  # the file's own encoding of a segment carries a second marker
+        assert pieces(raw.encode(" Paris", add_special_tokens=False).ids)[0] == "▁"
+    tok.save(tmp_path / "again.json")  # the saved tokenizer is the file's, marker and all
+    assert json.loads((tmp_path / "again.json").read_text()) == json.loads(path.read_text())
