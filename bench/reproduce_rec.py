@@ -226,12 +226,20 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
     strata = assign_item_stratum(
         torch.as_tensor(first["targets"]).clamp_min(1), freq, popularity_quartiles(freq)
     ).numpy()
+    item_q = assign_item_stratum(torch.arange(1, len(freq)), freq, popularity_quartiles(freq))
+    sizes = {
+        "items": [int((item_q == q).sum()) for q in range(4)],
+        "max_freq": [int(freq[1:][item_q == q].max()) if (item_q == q).any() else -1
+                     for q in range(4)],
+        "users": [int((strata[np.asarray(first["ranks"]) >= 0] == q).sum()) for q in range(4)],
+    }  # fmt: skip
     lengths = _history_lengths(runs)
     cold = None
     if lengths is not None:
         seen = lengths >= 0
         bounds = history_buckets(torch.as_tensor(lengths[seen]))
         cold = (assign_user_bucket(torch.as_tensor(lengths), bounds).numpy() == 0) & seen
+        sizes["cold_users"], sizes["cold_max_len"] = int(cold.sum()), int(bounds[0])
     rows = []
     for variant in [v for v in VARIANTS if any(key[0] == v for key in runs)]:
         have = [s for s in seeds if (variant, s) in runs and ("off", s) in runs]
@@ -241,7 +249,7 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
         hr0, nd0 = _per_user(runs, "off", have)
         row = {"dataset": args.dataset, "backbone": args.backbone, "tag": _summary_tag(args),
                "variant": variant, "seeds": have, "hr10": float(hr.mean()),
-               "ndcg10": float(nd.mean())}  # fmt: skip
+               "ndcg10": float(nd.mean()), "strata_sizes": sizes}  # fmt: skip
         for q in range(4):
             m = strata == q
             row[f"hr10_q{q}"], row[f"ndcg10_q{q}"] = float(hr[m].mean()), float(nd[m].mean())
@@ -298,6 +306,27 @@ def _section(intro: str, columns: list[str]) -> list[str]:
     return ["", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
+def _strata_sentence(rows: list[dict]) -> list[str]:
+    """The strata's sizes (items, training-frequency range, test users), when known."""
+    sizes = next((r["strata_sizes"] for r in rows if "strata_sizes" in r), None)
+    if sizes is None:
+        return []
+    lo = [0] + [m + 1 for m in sizes["max_freq"][:-1]]
+    groups = "; ".join(
+        f"Q{q}: {n} items seen {a}-{m} times in training, {u} test users"
+        for q, (n, a, m, u) in enumerate(
+            zip(sizes["items"], lo, sizes["max_freq"], sizes["users"], strict=True)
+        )
+        if n
+    )
+    cold = (
+        f"; cold: {sizes['cold_users']} users with at most {sizes['cold_max_len']} training items"
+        if "cold_users" in sizes
+        else ""
+    )
+    return [f"Strata: {groups}{cold}.", ""]
+
+
 def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> None:
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
@@ -315,11 +344,15 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
                 "variants within a table, not machines.", ""] if shared else []),
              "Full ranking over all items, leave-one-out, no history masking; best-validation "
              "(NDCG@10) checkpoint; per-user metrics averaged over the seeds listed, then the "
-             "paired difference to the off twin over the same test users (± paired SE). "
-             "Q0 = rarest quarter of items by training frequency (the target's stratum); "
-             "Q3 = the most frequent quarter; cold = users in the shortest-history bucket "
-             "(B0, history-length quartiles over all test users). Variants from earlier "
+             "paired difference to the off twin over the same test users (± paired SE: "
+             "the spread over users, not over trainings; the same-seed table at the end "
+             "gives the SE over seeds). Q0..Q3 = the target item's popularity group: "
+             "quartiles of the items' training frequencies, cut by item, items tied at a "
+             "cut point all in the lower group (so Q0 may hold more than a quarter of the "
+             "items); cold = users in the shortest-history bucket (B0, history-length "
+             "quartiles over all test users, same tie rule). Variants from earlier "
              "invocations with the same runs directory are included.", "",
+             *_strata_sentence(rows),
              "| variant | seeds | HR@10 | NDCG@10 | ΔHR@10 (SE) | ΔNDCG@10 (SE) | HR@10 Q0 | "
              "ΔHR@10 Q0 (SE) | ΔHR@10 Q3 (SE) | ΔHR@10 cold (SE) | s/epoch | epochs (best) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -387,17 +420,28 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
                 )
     lines += _section(
         "Same-seed differences in HR@10 (variant seed s minus off seed s): the spread of "
-        "these is the training noise the pooled paired SE does not see.",
-        ["variant", "seeds", "per-seed ΔHR@10", "mean", "SD across seeds", "per-seed ΔHR@10 Q0"],
-    )
+        "these is the training noise the pooled paired SE does not see; SE over seeds = "
+        "SD / sqrt(seeds), the one to read against the mean when seeds are few.",
+        ["variant", "seeds", "per-seed ΔHR@10", "mean", "SD across seeds", "SE over seeds",
+         "per-seed ΔHR@10 Q0", "Q0 mean (SE over seeds)"],
+    )  # fmt: skip
     for r in rows:
         if "per_seed_delta_hr10" in r:
             deltas = np.array(r["per_seed_delta_hr10"])
-            sd = f"{deltas.std(ddof=1):.4f}" if len(deltas) > 1 else "–"
+            rare_d = np.array(r.get("per_seed_delta_hr10_q0", []))
+            n = len(deltas)
+            sd = f"{deltas.std(ddof=1):.4f}" if n > 1 else "–"
+            se = f"{deltas.std(ddof=1) / math.sqrt(n):.4f}" if n > 1 else "–"
+            rare_se = (
+                f"{rare_d.mean():+.4f} ({rare_d.std(ddof=1) / math.sqrt(len(rare_d)):.4f})"
+                if len(rare_d) > 1
+                else "–"
+            )
             per = ", ".join(f"{x:+.4f}" for x in deltas)
-            rare = ", ".join(f"{x:+.4f}" for x in r.get("per_seed_delta_hr10_q0", []))
+            rare = ", ".join(f"{x:+.4f}" for x in rare_d)
             lines.append(
-                f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} | {rare} |"
+                f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} | "
+                f"{se} | {rare} | {rare_se} |"
             )
     path.write_text("\n".join(lines) + "\n")
 

@@ -237,18 +237,27 @@ def render(rows: list[dict], chosen: dict, comparison: dict, args: argparse.Name
             f"{r['hr10_cold']:.4f} | {', '.join(r['hardware'])} |"
         )
     c = comparison
-    seeds_hr = ", ".join(f"{d:+.4f}" for d in c["per_seed_delta_hr10"])
-    seeds_nd = ", ".join(f"{d:+.4f}" for d in c["per_seed_delta_ndcg10"])
+
+    def over_seeds(deltas: list[float]) -> str:
+        each = ", ".join(f"{d:+.4f}" for d in deltas)
+        if len(deltas) < 2:
+            return each
+        se = float(np.std(deltas, ddof=1)) / math.sqrt(len(deltas))
+        return f"{each}; mean {np.mean(deltas):+.4f} ({se:.4f})"
+
     lines += [
         "",
         f"Chosen: off = `{c['off']}`, on = `{c['on']}`. On minus off, paired on the same "
-        "test users (seed-averaged per user; ± paired SE):",
+        "test users (seed-averaged per user; ± paired SE, the spread over users, not over "
+        "trainings); the same-seed columns give each seed's difference and, in brackets, "
+        "the SE over seeds (SD / sqrt(seeds)), the one to read when seeds are few:",
         "",
         "| ΔHR@10 | ΔNDCG@10 | ΔHR@10 Q0 (rarest) | ΔHR@10 cold | same-seed ΔHR@10 | "
         "same-seed ΔNDCG@10 |",
         "|---|---|---|---|---|---|",
         f"| {_pm(c['delta_hr10'])} | {_pm(c['delta_ndcg10'])} | {_pm(c['delta_hr10_q0'])} | "
-        f"{_pm(c['delta_hr10_cold'])} | {seeds_hr} | {seeds_nd} |",
+        f"{_pm(c['delta_hr10_cold'])} | {over_seeds(c['per_seed_delta_hr10'])} | "
+        f"{over_seeds(c['per_seed_delta_ndcg10'])} |",
         "",
     ]
     if any(math.isnan(x) for x in c["delta_hr10"]):
