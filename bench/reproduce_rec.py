@@ -311,14 +311,14 @@ def _strata_sentence(rows: list[dict]) -> list[str]:
     sizes = next((r["strata_sizes"] for r in rows if "strata_sizes" in r), None)
     if sizes is None:
         return []
-    lo = [0] + [m + 1 for m in sizes["max_freq"][:-1]]
-    groups = "; ".join(
-        f"Q{q}: {n} items seen {a}-{m} times in training, {u} test users"
-        for q, (n, a, m, u) in enumerate(
-            zip(sizes["items"], lo, sizes["max_freq"], sizes["users"], strict=True)
-        )
-        if n
-    )
+    parts, low = [], 0
+    for q, (n, top, users) in enumerate(
+        zip(sizes["items"], sizes["max_freq"], sizes["users"], strict=True)
+    ):
+        if n:  # an empty group (ties at a cut point) is left out
+            parts.append(f"Q{q}: {n} items seen {low}-{top} times in training, {users} test users")
+            low = top + 1
+    groups = "; ".join(parts)
     cold = (
         f"; cold: {sizes['cold_users']} users with at most {sizes['cold_max_len']} training items"
         if "cold_users" in sizes

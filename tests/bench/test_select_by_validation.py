@@ -141,3 +141,35 @@ def test_reproduce_summary_has_same_seed_differences_overall_and_on_the_rarest(t
         rare = q == 0
         assert rare.any()
         assert row["per_seed_delta_hr10_q0"][i] == pytest.approx(on[rare].mean() - off[rare].mean())
+
+
+def test_same_seed_columns_give_the_se_over_seeds(tmp_path):
+    """Besides the SE over users, the table gives each seed's difference and their mean
+    with the SE over seeds (SD / sqrt(seeds)), which sees training noise."""
+    rng = np.random.default_rng(2)
+    for name in ("a_off", "a_on"):
+        table, variant = name.split("_")
+        for seed in range(3):
+            fake_run(tmp_path, table, variant, seed, rng.integers(0, 30, USERS), [0.04, 0.05])
+    text, result = run_script(tmp_path, "--off", "a:off", "--on", "a:on", "--seeds", "0", "1", "2")
+    for key in ("per_seed_delta_hr10", "per_seed_delta_ndcg10"):
+        d = np.array(result["comparison"][key])
+        se = d.std(ddof=1) / np.sqrt(len(d))
+        assert f"mean {d.mean():+.4f} ({se:.4f})" in text
+
+
+def test_reproduce_rec_states_the_strata_sizes():
+    """The table says how many items and test users each popularity group holds, and
+    the training-frequency range: tied counts make Q0 larger than a quarter."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import reproduce_rec as rr
+
+    sizes = {"items": [40, 0, 10, 10], "max_freq": [2, -1, 5, 9], "users": [100, 0, 50, 60],
+             "cold_users": 70, "cold_max_len": 3}  # fmt: skip
+    (line, _) = rr._strata_sentence([{"strata_sizes": sizes}])
+    assert line == (
+        "Strata: Q0: 40 items seen 0-2 times in training, 100 test users; "
+        "Q2: 10 items seen 3-5 times in training, 50 test users; "
+        "Q3: 10 items seen 6-9 times in training, 60 test users; "
+        "cold: 70 users with at most 3 training items."
+    )
