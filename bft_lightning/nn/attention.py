@@ -48,7 +48,10 @@ def build_allowed(valid: Tensor, is_causal: bool, attn_mask: Tensor | None = Non
     """Boolean (B, 1, T, T) mask of the keys a query may read.
 
     valid: (B, T) keys with positive precision; attn_mask: (T, T) bool (True =
-    blocked, as in ``torch.nn``) or float additive (-inf = blocked).
+    blocked, as in ``torch.nn``) or float with entries 0 (allowed) and -inf
+    (blocked). Other finite values (an additive score bias, which ``torch.nn``
+    also accepts) are refused: the layers take a mask, not a bias, and adding
+    it to the kriging logits would change the precision weighting's meaning.
     """
     t = valid.shape[1]
     allowed = valid[:, None, None, :]
@@ -56,7 +59,15 @@ def build_allowed(valid: Tensor, is_causal: bool, attn_mask: Tensor | None = Non
         causal = torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
         allowed = allowed & causal
     if attn_mask is not None:
-        blocked = attn_mask if attn_mask.dtype == torch.bool else torch.isneginf(attn_mask)
+        if attn_mask.dtype == torch.bool:
+            blocked = attn_mask
+        else:
+            blocked = torch.isneginf(attn_mask)
+            if bool(((attn_mask != 0) & ~blocked).any()):
+                raise ValueError(
+                    "attn_mask: a float mask may hold only 0 (allowed) and -inf (blocked); "
+                    "finite score biases are not supported (pass a bool mask or 0/-inf)"
+                )
         allowed = allowed & ~blocked
     return allowed.expand(valid.shape[0], 1, t, t)
 

@@ -152,13 +152,16 @@ def observation_log_precision(
     of ``n_eff`` effective samples); to residual groups through W_O by the delta
     rule ``s2_z[t, g] = sum_a P_O[g, a] / lambda_obs[t, a]``.
     Rows without a valid key are finite here and must be masked by ``has_key``.
+    Clamped to [LOG_PREC_MIN, LOG_PREC_MAX] like every log precision (spec:
+    shapes), as the HSTU layer's is.
 
     sigma2, n_eff: (B, H, T); has_key: (B, T); p_o: (G, H). Returns (B, T, G).
     """
     s2_head = sigma2 / n_eff.clamp_min(1.0)  # (B, H, T)
     s2_head = torch.where(has_key.unsqueeze(1), s2_head, torch.ones_like(s2_head))
     s2_z = delta_rule(s2_head.transpose(1, 2), p_o)  # (B, T, G)
-    return -torch.log(s2_z.clamp_min(torch.finfo(torch.float32).tiny))
+    lp = -torch.log(s2_z.clamp_min(torch.finfo(torch.float32).tiny))
+    return lp.clamp(LOG_PREC_MIN, LOG_PREC_MAX)
 
 
 def head_observation_log_precision(sigma2: Tensor, n_eff: Tensor, has_key: Tensor) -> Tensor:

@@ -59,6 +59,20 @@ def test_reml_limits() -> None:
     assert abs(many.item() - 0.1) < 1e-3
 
 
+def test_observation_precision_matches_the_delta_rule_and_is_clamped() -> None:
+    """lambda_obs per head = n_eff / sigma2, to groups through W_O by the delta rule
+    (variances add with P_O's weights), then clamped to [-20, 20] like every log
+    precision: a near-zero spread must not give log lambda_obs of 80."""
+    sigma2 = torch.tensor([[[0.5, 2.0]], [[1e-35, 1e-35]]]).transpose(1, 2)  # (2, H=2, T=1)
+    n_eff = torch.tensor([[[2.0, 4.0]], [[3.0, 3.0]]]).transpose(1, 2)
+    has_key = torch.ones(2, 1, dtype=torch.bool)
+    p_o = torch.tensor([[0.25, 0.75], [1.0, 0.0]])  # (G=2, H=2)
+    lp = BF.observation_log_precision(sigma2, n_eff, has_key, p_o)  # (2, 1, 2)
+    s2 = torch.tensor([0.25 * 0.5 / 2 + 0.75 * 2.0 / 4, 0.5 / 2])
+    torch.testing.assert_close(lp[0, 0], -torch.log(s2))
+    assert (lp[1] == BF.LOG_PREC_MAX).all()
+
+
 def test_kalman_gain_range_and_empty_rows() -> None:
     lp = torch.randn(2, 5, 3) * 5
     lp_obs = torch.randn(2, 5, 3) * 5

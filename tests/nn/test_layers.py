@@ -475,3 +475,20 @@ def test_key_precision_off_attends_as_the_off_twin() -> None:
     assert "key_precision=False" in repr(ablated)
     with pytest.raises(ValueError, match="key_precision"):
         bft_layer(precision="on", gain="head", key_precision=False)
+
+
+@pytest.mark.parametrize("precision", ["off", "on"])
+def test_float_attn_mask_is_a_mask_and_a_score_bias_is_refused(precision: str) -> None:
+    """A float mask of 0 / -inf blocks exactly what the bool mask blocks; finite
+    additive values (a score bias, which torch.nn also accepts) raise instead of
+    being dropped silently."""
+    layer = bft_layer(precision=precision).eval()
+    x = torch.randn(2, 5, D)
+    blocked = torch.rand(5, 5) < 0.3
+    blocked.fill_diagonal_(False)
+    as_float = torch.zeros(5, 5).masked_fill(blocked, float("-inf"))
+    y_bool, _ = layer(x, attn_mask=blocked)
+    y_float, _ = layer(x, attn_mask=as_float)
+    torch.testing.assert_close(y_float, y_bool, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="only 0 .allowed. and -inf"):
+        layer(x, attn_mask=as_float + torch.randn(5, 5))
