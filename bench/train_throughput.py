@@ -3,10 +3,15 @@
 For each backbone (SASRec, BERT4Rec, HSTU) and ``precision`` off / on, builds
 the Amazon Beauty experiment from ``configs/experiments/<backbone>_<p>_beauty.yaml``
 (the same model, data, batch size and optimiser as the reported runs), trains
-``--steps`` optimiser steps after ``--warmup`` untimed ones and reports
+``--warmup`` untimed optimiser steps, then times one epoch's worth of steps
+(as many as an epoch has batches; ``--steps N`` times N instead) and reports
 
 - sequences/s over the timed steps (training sequences, i.e. the batch size),
-- seconds per epoch = steps per epoch x median step time + data wait,
+- seconds per epoch = the summed step and data-wait times of the timed steps
+  (scaled to an epoch's batches when ``--steps`` is given). Batches are
+  bucketed by history length and trimmed to their longest row, so step times
+  differ ~20x within an epoch: a median or a short window of steps says
+  little about an epoch,
 - the share of the time spent waiting for the next batch (data pipeline),
 - with ``--compile``, the same for the backbone compiled by ``torch.compile``.
 
@@ -20,7 +25,7 @@ machine and its load; the on/off ratios come from one run.
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import time
 from pathlib import Path
 
@@ -34,26 +39,38 @@ DEFAULT_OUT = ROOT / "results" / "perf" / "train_throughput.md"
 
 
 class StepTimer(L.Callback):
-    """Per-step compute time and the wait for data between steps."""
+    """Per-step compute time and the wait for data between steps, after ``warmup`` steps.
 
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
+    Steps are counted over the whole run (an epoch's worth of timed steps crosses
+    into the next epoch). ``steps`` = 0 times as many steps as an epoch has
+    batches, set once the trainer knows that number.
+    """
+
+    def __init__(self, warmup: int, steps: int) -> None:
+        self.warmup, self.steps = warmup, steps
         self.step: list[float] = []
         self.wait: list[float] = []
         self._end: float | None = None
         self._start = 0.0
+        self._count = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        if self.steps == 0:
+            self.steps = int(trainer.num_training_batches)
+        trainer.fit_loop.epoch_loop.max_steps = self.warmup + self.steps
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         _sync(pl_module)
         self._start = time.perf_counter()
-        if self._end is not None and batch_idx > self.warmup:
+        if self._end is not None and self._count > self.warmup:
             self.wait.append(self._start - self._end)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         _sync(pl_module)
         self._end = time.perf_counter()
-        if batch_idx >= self.warmup:
+        if self._count >= self.warmup:
             self.step.append(self._end - self._start)
+        self._count += 1
 
 
 def _sync(module: torch.nn.Module) -> None:
@@ -65,7 +82,7 @@ def _sync(module: torch.nn.Module) -> None:
 def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namespace) -> dict:
     config = ROOT / "configs" / "experiments" / f"{backbone}_{precision}_beauty.yaml"
     argv = [
-        "--config", str(config), "--trainer.max_steps", str(args.warmup + args.steps),
+        "--config", str(config), "--trainer.max_steps=-1", "--trainer.max_epochs=3",
         "--trainer.limit_val_batches=0", "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", "--trainer.callbacks=[]",
@@ -75,19 +92,27 @@ def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namesp
     if args.accelerator:
         argv.append(f"--trainer.accelerator={args.accelerator}")
     cli = cli_main(argv, run=False)
-    timer = StepTimer(args.warmup)
+    timer = StepTimer(args.warmup, args.steps)
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    step = statistics.median(timer.step)
-    wait = statistics.median(timer.wait) if timer.wait else 0.0
-    batches = len(cli.datamodule.train_dataloader())
+    step, wait = sum(timer.step), sum(timer.wait)
+    n = len(timer.step)
+    batches = int(cli.trainer.num_training_batches)
     batch_size = cli.datamodule.batch_size
     return {
         "backbone": backbone, "precision": precision, "compile": compile_,
-        "seq_per_s": batch_size / (step + wait), "sec_per_epoch": batches * (step + wait),
-        "wait_share": wait / (step + wait), "step_ms": 1e3 * step,
+        "seq_per_s": n * batch_size / (step + wait),
+        "sec_per_epoch": (step + wait) * batches / n, "timed_steps": n, "batches": batches,
+        "wait_share": wait / (step + wait), "step_ms": 1e3 * step / n,
         "hardware": _hardware(cli.trainer.strategy.root_device),
     }  # fmt: skip
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: an interrupted run leaves the old file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _hardware(device: torch.device) -> str:
@@ -100,7 +125,9 @@ def _hardware(device: torch.device) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backbones", nargs="+", default=["sasrec", "bert4rec", "hstu"])
-    p.add_argument("--steps", type=int, default=40, help="timed optimiser steps")
+    p.add_argument(
+        "--steps", type=int, default=0, help="timed optimiser steps (0: an epoch's worth)"
+    )
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--compile", action="store_true", help="also time the compiled backbone")
     p.add_argument(
@@ -150,13 +177,18 @@ def main() -> None:
         + ([f"--out {args.out}"] if Path(args.out).resolve() != DEFAULT_OUT else [])
     )
     machine = ", ".join(sorted({r["hardware"] for r in rows}))
-    Path(args.out).write_text(
+    _write_atomic(
+        Path(args.out),
         "# Training throughput on Amazon Beauty\n\n"
         f"Command: `{cmd}`\n\n"
-        f"Machine: {machine}, torch {torch.__version__}. Median step time "
-        "over the timed steps; s/epoch = batches per epoch x (step + data wait); each "
-        f"configuration ran {args.repeats} times in mirrored order and the fastest run counts.\n\n"
-        f"{table}\n"
+        f"Machine: {machine}, torch {torch.__version__}. "
+        + ("One epoch's worth of steps timed" if args.steps == 0 else f"{args.steps} steps timed")
+        + f" after {args.warmup} untimed ones; step ms = mean step; s/epoch = the timed "
+        "steps' summed step and data-wait times"
+        + ("" if args.steps == 0 else ", scaled to an epoch's batches")
+        + f"; each configuration ran {args.repeats} times in mirrored order and the "
+        "fastest run counts.\n\n"
+        f"{table}\n",
     )
 
 

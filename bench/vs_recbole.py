@@ -667,6 +667,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: an interrupted run leaves the old file
+    (``--report-from`` reads the summary back)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report_from is not None:  # rewrite the results file from a finished run
@@ -718,7 +726,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     info["elapsed_s"] = time.perf_counter() - started
-    (work / "summary.json").write_text(json.dumps({"rows": rows, "info": info}, indent=1))
+    _write_atomic(work / "summary.json", json.dumps({"rows": rows, "info": info}, indent=1))
     write_results(args, rows, info)
 
 
@@ -727,7 +735,7 @@ def write_results(
 ) -> None:
     text = markdown(args, rows, info, info["elapsed_s"])
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(text)
+    _write_atomic(args.results, text)
     print(text)
     print(f"wrote {args.results}")
 
