@@ -742,15 +742,20 @@ class QADataModule(L.LightningDataModule):
         idx = np.sort(np.random.default_rng([self.split_seed, salt]).permutation(len(examples))[:n])
         return [examples[i] for i in idx]
 
-    def _noise_rng(self, example_id: str) -> np.random.Generator:
-        """The label-noise stream of one example: ``seed`` and its id only.
+    def _example_rng(self, example_id: str, stream: int) -> np.random.Generator:
+        """A random stream of one example from ``seed``, its id and the stream's number.
 
-        Kept apart from the distractor and cropping draws, so the corrupted
-        labels of an example do not move with ``num_distractors``,
-        ``max_train_examples`` or the example's position in the split.
+        Not from the example's position: an example keeps its distractors,
+        crop and corrupted labels whatever ``max_train_examples`` keeps beside
+        it. The label noise (stream 23) is apart from the distractor and
+        cropping draws, so it does not move with ``num_distractors`` either.
         """
         digest = int(hashlib.sha256(example_id.encode("utf-8")).hexdigest()[:16], 16)
-        return np.random.default_rng([self.seed, 23, digest])
+        return np.random.default_rng([self.seed, stream, digest])
+
+    def _noise_rng(self, example_id: str) -> np.random.Generator:
+        """The label-noise stream of one example (see :meth:`_example_rng`)."""
+        return self._example_rng(example_id, 23)
 
     def encode_split(
         self, name: str, examples: list[QAExample], tok: TextTokenizer
@@ -764,8 +769,8 @@ class QADataModule(L.LightningDataModule):
         out, dropped, too_long_answer = [], 0, 0
         max_answer = self.max_answer_tokens if train else 10**6
         salt = {"train": 11, "val": 12, "test": 13}[name]
-        for i, ex in enumerate(examples):
-            rng = np.random.default_rng([self.seed, salt, i])
+        for ex in examples:
+            rng = self._example_rng(ex.id, salt)
             passages = arrange_passages(ex, self.num_distractors, self.distractor_source, pool, rng)
             # eval answers are never dropped for length: their targets only feed the val loss
             enc = encode_example(

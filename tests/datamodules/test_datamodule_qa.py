@@ -190,3 +190,16 @@ def test_label_noise_does_not_depend_on_distractors_or_subset(tmp_path: Path) ->
     assert corrupted[0] > len(full) // 4  # the noise is there to be compared
     assert distracted == full
     assert len(subset) == 40 and all(subset[i] == full[i] for i in subset)
+
+
+def test_an_example_keeps_its_prompt_whatever_the_subset(tmp_path: Path) -> None:
+    """Distractors and crops are drawn per example id, not per position: a smaller
+    max_train_examples changes which examples are kept, not how a kept one reads."""
+    file = write_squad(tmp_path / "s.json", articles=10, answer_words=(1, 2, 3))
+    prompts = []
+    for kw in ({}, {"max_train_examples": 40}):
+        dm = _dm(tmp_path, file, num_distractors=2, max_passage_tokens=12, seed=5, **kw)
+        dm.setup("fit")
+        prompts.append({e.id: e.prompt for e in dm.encoded["train"]})
+    full, subset = prompts
+    assert len(subset) == 40 and all(subset[i] == full[i] for i in subset)
