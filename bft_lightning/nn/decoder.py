@@ -281,7 +281,7 @@ class BFTLlamaDecoderLayer(nn.Module):
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
         super()._apply(fn, recurse)
-        BF.keep_running_stats_float32_(self)  # the running sill stays float32
+        BF.keep_float32_(self)  # the running sill and rho stay float32
         return self
 
     def forward(

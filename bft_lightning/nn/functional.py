@@ -175,21 +175,27 @@ def head_observation_log_precision(sigma2: Tensor, n_eff: Tensor, has_key: Tenso
     return torch.where(has_key.unsqueeze(1), lp, torch.zeros_like(lp))
 
 
-def keep_running_stats_float32_(
-    module: torch.nn.Module, names: tuple[str, ...] = ("sill",)
-) -> None:
-    """Put ``module``'s running-statistic buffers back in float32 after a cast to
-    float16 / bfloat16 (``model.to(torch.bfloat16)``, Lightning's ``"bf16-true"``).
+def keep_float32_(module: torch.nn.Module, names: tuple[str, ...] = ("sill", "rho")) -> None:
+    """Put ``module``'s precision-path tensors ``names`` (buffers or parameters) back
+    in float32 after a cast to float16 / bfloat16 (``model.to(torch.bfloat16)``,
+    Lightning's ``"bf16-true"``); float64 stays float64.
 
-    The running sill moves by ``momentum`` (0.01) of a difference a step: in
-    bfloat16 (8-bit mantissa) such a step is below half the spacing of the
-    numbers near the sill, so it rounds away and the sill never moves. float64
-    stays float64.
+    The running sill moves by ``momentum`` (0.01) of a difference a step, and an
+    optimiser step moves ``rho`` or a prior's ``log tau`` (~8) by ~lr: in
+    bfloat16 (8-bit mantissa) such steps are below half the spacing of the
+    numbers there, so they round away and the value never moves. A parameter
+    keeps its identity (its ``.data`` is replaced, as ``Module._apply`` does).
     """
+    low = (torch.float16, torch.bfloat16)
     for name in names:
         buf = module._buffers.get(name)
-        if buf is not None and buf.dtype in (torch.float16, torch.bfloat16):
+        if buf is not None and buf.dtype in low:
             module._buffers[name] = buf.float()
+        param = module._parameters.get(name)
+        if param is not None and param.dtype in low:
+            param.data = param.data.float()
+            if param.grad is not None:
+                param.grad = param.grad.float()
 
 
 @torch.no_grad()

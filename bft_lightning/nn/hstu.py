@@ -206,7 +206,7 @@ class HSTULayer(nn.Module):
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
         super()._apply(fn, recurse)
-        BF.keep_running_stats_float32_(self)  # the running sill stays float32
+        BF.keep_float32_(self)  # the running sill and rho stay float32
         return self
 
     def forward(
@@ -297,7 +297,8 @@ class HSTULayer(nn.Module):
             s2_y = BF.delta_rule(s2_o, p_o)  # (B, T, G)
             lp_obs = (-torch.log(s2_y.clamp_min(TINY))).clamp(BF.LOG_PREC_MIN, BF.LOG_PREC_MAX)
         # update: the single residual as a Kalman update
-        y = self.out_proj(self.dropout(self.norm_attn(a) * u))
+        # the estimate came out of the float32 precision path: back to the stream's dtype
+        y = self.out_proj(self.dropout(self.norm_attn(a.to(h.dtype)) * u))
         gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
         h = h + BF.scale_groups(y, gain)
         lp_post = BF.update_log_precision(lp, lp_obs, has_key)

@@ -8,11 +8,13 @@ padding id gets precision 0 (``log tau = -inf``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Self
 
 import torch
 from torch import Tensor, nn
 
-from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN, upcast
+from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN, keep_float32_, upcast
 
 PRIOR_INITS = ("constant", "frequency", "frequency_shuffled", "frequency_inverse")
 
@@ -64,6 +66,11 @@ class PrecisionPrior(nn.Module):
         self.padding_idx, self.width = padding_idx, width
         self.log_tau = nn.Embedding(num_embeddings, width)
         self.reset(init, scale, counts)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
+        super()._apply(fn, recurse)
+        keep_float32_(self.log_tau, ("weight",))  # log tau ~ 8: bf16 rounds its steps away
+        return self
 
     @torch.no_grad()
     def reset(self, init: str, scale: float, counts: Tensor | None = None) -> None:

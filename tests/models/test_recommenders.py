@@ -214,3 +214,26 @@ def test_positions_from_start_make_every_prefix_score_as_alone(precision: str) -
         assert close == same, positions
     with pytest.raises(ValueError, match="positions"):
         SASRec(N, positions="middle")
+
+
+@pytest.mark.parametrize("cls", [SASRec, BERT4Rec, HSTU])
+def test_bf16_model_trains_with_its_precision_path_in_float32(cls) -> None:
+    """``model.to(torch.bfloat16)`` (Lightning's ``bf16-true``): the model runs forward
+    and backward, and the precision path's parameters (layer-0 log tau, rho) and the
+    running sill stay float32, where an optimiser step on log tau ~ 8 is not rounded
+    away as in bf16."""
+    torch.manual_seed(0)
+    model = cls(30, max_len=8, d_model=16, nhead=2, num_layers=2, precision="on")
+    model = model.to(torch.bfloat16)
+    kept = {n: p for n, p in model.named_parameters() if "rho" in n or "log_tau" in n}
+    assert kept and all(p.dtype == torch.float32 for p in kept.values())
+    assert all(b.dtype == torch.float32 for n, b in model.named_buffers() if n.endswith("sill"))
+    assert model.item_emb.weight.dtype == torch.bfloat16
+    before = {n: p.detach().clone() for n, p in kept.items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    hidden, _ = model.encode(torch.randint(1, 31, (4, 8)))
+    loss = model.score(hidden[:, -1]).float().logsumexp(-1).mean()
+    loss.backward()
+    opt.step()
+    moved = [n for n, p in kept.items() if p.grad is not None and (p != before[n]).any()]
+    assert any("log_tau" in n for n in moved), moved
