@@ -610,17 +610,22 @@ def load_runs(base: Path, variants: list[str]) -> dict:
 
 def layer_gains(out: Path) -> dict[str, list[float]]:
     """Mean Kalman gain per layer of the item tokens by their own popularity quartile
-    (Q0..Q3) on test, from the run's ``gain_by_stratum.json`` (``GainByStratum``;
-    runs written before that file existed: its ``.md`` tables); empty when the
-    run has none (off twin, or no such callback)."""
-    files = sorted(out.glob("tb/version_*/gain_by_stratum.json"))
+    (Q0..Q3) on test, from the run's ``gain_by_stratum_test.json`` (``GainByStratum``;
+    runs written before the stage was in the name: ``gain_by_stratum.json``, and
+    before that file existed: its ``.md`` tables); empty when the run has none
+    (off twin, or no such callback)."""
+    files = sorted(out.glob("tb/version_*/gain_by_stratum_test.json")) or sorted(
+        out.glob("tb/version_*/gain_by_stratum.json")
+    )
     if files:
         table = json.loads(files[-1].read_text())
         return {
             name: [math.nan if k is None else k for k in row]
             for name, row in zip(table["layers"], table["K"], strict=True)
         }
-    files = sorted(out.glob("tb/version_*/gain_by_stratum.md"))
+    files = sorted(out.glob("tb/version_*/gain_by_stratum_test.md")) or sorted(
+        out.glob("tb/version_*/gain_by_stratum.md")
+    )
     if not files:
         return {}
     gains, section = {}, False

@@ -3,12 +3,15 @@
 Following Gu et al. 2025 ("When attention sink emerges in language models: an
 empirical view"), for layer ``l`` and head ``h``:
 
-- ``alpha_1[l, h]``: the attention weight on the first valid key, averaged
-  over the valid queries of a sequence (every query can see the first key,
-  causal or not), then over sequences;
-- ``Sink_1^eps[l] = mean_h 1(alpha_1[l, h] > eps)``, the fraction of heads
-  whose sink mass exceeds ``eps`` (0.3 in the paper); the overall ``Sink_1``
-  is the fraction over every head of every monitored layer.
+- ``alpha_1[s, l, h]``: the attention weight on the first valid key, averaged
+  over the valid queries of sequence ``s`` (every query can see the first
+  key, causal or not); ``alpha1[l, h]`` is its mean over sequences;
+- ``Sink_1^eps[l] = mean_{s, h} 1(alpha_1[s, l, h] > eps)``: each sequence's
+  sink mass is compared with ``eps`` (0.3 in the paper) before averaging over
+  sequences and heads, as in the paper's ``(scores > eps).mean(dim=(0, 1, 2))``
+  (thresholding the mean instead would call two sequences at 0.35 and 0.25
+  both sinks); the overall ``Sink_1`` averages over every sequence, head and
+  monitored layer.
 
 Padding may be on either side: "first" means the first position with
 positive precision. The weights are the layer's attention before dropout: the
@@ -54,14 +57,15 @@ def sink_alpha(attention: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return alpha, valid.any(dim=1)
 
 
-def sink_rate(alpha1: Tensor, eps: float = 0.3) -> Tensor:
-    """``Sink_1^eps`` per layer: the fraction of heads with ``alpha_1 > eps``; (L, H) -> (L,).
+def sink_rate(above: Tensor, count: Tensor) -> Tensor:
+    """``Sink_1^eps`` per layer from summed counts, (L, H) -> (L,).
 
-    NaN entries (heads a layer does not have) are left out.
+    ``above[l, h]``: sequences whose ``alpha_1`` exceeded ``eps``; ``count[l, h]``:
+    sequences measured. The fraction over (sequence, head) pairs; NaN for a
+    layer with no sequence.
     """
-    present = ~torch.isnan(alpha1)
-    sinks = ((alpha1 > eps) & present).sum(-1).float()
-    return sinks / present.sum(-1).clamp_min(1)
+    total = count.sum(-1)
+    return torch.where(total > 0, above.sum(-1) / total.clamp_min(1), math.nan)
 
 
 class AttentionSinkMonitor(EvalRecorder):
@@ -98,7 +102,7 @@ class AttentionSinkMonitor(EvalRecorder):
     def init_sums(self, n_layers: int, device: torch.device) -> dict[str, Tensor]:
         # (layers, heads); the head count is learnt from the first batch
         empty = torch.zeros(n_layers, 0, dtype=torch.float64, device=device)
-        return {"alpha": empty, "count": empty.clone()}
+        return {"alpha": empty, "above": empty.clone(), "count": empty.clone()}
 
     def accumulate(self, batch: Any, stats: Sequence[FilterStats | None]) -> None:
         for i, s in enumerate(stats):
@@ -107,19 +111,24 @@ class AttentionSinkMonitor(EvalRecorder):
             alpha, has = sink_alpha(s.attention, s.valid)  # (B, H), (B,)
             heads = alpha.shape[1]
             a_sum, count = self.widen("alpha", heads), self.widen("count", heads)
+            above = self.widen("above", heads)
             a_sum[i, :heads] += alpha[has].double().sum(0).to(a_sum.device)
+            above[i, :heads] += (alpha[has] > self.eps).sum(0).to(above.device, torch.float64)
             count[i, :heads] += has.sum().to(count.device, torch.float64)
 
     def emit(self, trainer: Trainer, totals: dict[str, Tensor], prefix: str, step: int) -> None:
-        count = totals["count"].cpu()
+        count, above = totals["count"].cpu(), totals["above"].cpu()
         alpha1 = totals["alpha"].cpu() / count
         alpha1[count == 0] = math.nan
-        sink1 = sink_rate(alpha1, self.eps)
+        sink1 = sink_rate(above, count)
         self.last_alpha1, self.last_sink1 = alpha1, sink1
-        self.last_summary = self._scalars(alpha1, sink1, prefix)
+        overall = float(above.sum() / count.sum()) if count.sum() > 0 else math.nan
+        self.last_summary = self._scalars(alpha1, sink1, overall, prefix)
         output.log_scalars(trainer, self.last_summary, step)
 
-    def _scalars(self, alpha1: Tensor, sink1: Tensor, prefix: str) -> dict[str, float]:
+    def _scalars(
+        self, alpha1: Tensor, sink1: Tensor, overall: float, prefix: str
+    ) -> dict[str, float]:
         scalars: dict[str, float] = {}
         present = ~torch.isnan(alpha1)
         for i, name in enumerate(self.layer_names):
@@ -131,5 +140,5 @@ class AttentionSinkMonitor(EvalRecorder):
             scalars[f"{prefix}/{name}/sink1"] = float(sink1[i])
         if present.any():
             scalars[f"{prefix}/alpha1"] = float(alpha1[present].mean())
-            scalars[f"{prefix}/sink1"] = float((alpha1[present] > self.eps).float().mean())
+            scalars[f"{prefix}/sink1"] = overall
         return scalars

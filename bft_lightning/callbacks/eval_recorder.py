@@ -67,6 +67,7 @@ class EvalRecorder(Callback):
         self._recording = False
         self._warned_no_logger = False
         self._warned_no_layers = False
+        self._stage = "validate"  # the stage being emitted (``_finish``)
 
     # subclass interface
     def prepare(self, trainer: Trainer, pl_module: LightningModule) -> bool:
@@ -94,6 +95,15 @@ class EvalRecorder(Callback):
         if t.shape[-1] < width:
             t = self.sums[key] = F.pad(t, (0, width - t.shape[-1]))
         return t
+
+    def report_stem(self, trainer: Trainer, filename: str) -> str | None:
+        """``log_dir/{filename}_{val|test}`` on global rank 0, None elsewhere.
+
+        The stage is in the name so that ``test`` after ``fit`` in the same
+        ``log_dir`` does not overwrite the validation report. A broadcast:
+        call on every rank, from ``emit``.
+        """
+        return output.report_path(trainer, f"{filename}_{_STAGE_SUFFIX[self._stage]}")
 
     @property
     def layer_names(self) -> list[str]:
@@ -143,6 +153,7 @@ class EvalRecorder(Callback):
         for k, w in zip(keys, widths.tolist()):
             t = F.pad(sums[k], (0, int(w) - sums[k].shape[-1]))
             totals[k] = output.reduce_sum(trainer, t)
+        self._stage = stage
         self.emit(trainer, totals, f"{self.prefix}_{_STAGE_SUFFIX[stage]}", trainer.global_step)
 
     # Lightning hooks

@@ -16,12 +16,18 @@ sequence's number of valid positions (for bidirectional models). Buckets are
 
 Layers with ``precision="off"`` (the gated baseline) record their attention
 weights on measured batches: they compute ``n_eff`` only from them.
+A position where K, n_eff or the gate is NaN or infinite is left out of every
+mean and correlation and counted instead: otherwise one such value would make
+its whole bucket and the layer's correlations NaN, which loggers drop and the
+report would show like an empty bucket.
 All sums are fixed-size and summed across ranks (DDP-exact).
 
 Logged (``{p}`` = ``gain_ctx_val`` / ``gain_ctx_test``): ``{p}/L/K/ctx{lo}``,
 ``{p}/L/n_eff/ctx{lo}``, ``{p}/L/gate/ctx{lo}``, ``{p}/L/corr_K_log_neff``,
-``{p}/L/corr_gate_log_neff``; files ``{filename}.md`` and ``{filename}.png`` in
-``trainer.log_dir``.
+``{p}/L/corr_gate_log_neff``, ``{p}/L/nonfinite`` (positions left out); files
+``{filename}_val.md`` / ``{filename}_test.md`` and the same ``.png`` in
+``trainer.log_dir`` (in the report, ``-`` marks a cell with no position,
+``nan`` a value undefined for another reason, e.g. a constant gate).
 """
 
 from __future__ import annotations
@@ -77,8 +83,8 @@ class GainByContextLength(EvalRecorder):
         stages: ``"validate"`` and / or ``"test"``.
         max_batches: record at most this many batches per epoch; None means all.
         prefix: tag prefix; the stage is appended.
-        filename: report file stem in ``trainer.log_dir`` (``.md`` and ``.png``);
-            None writes no files.
+        filename: report file stem in ``trainer.log_dir``; the stage is appended
+            (``{filename}_val.md``, ``{filename}_test.png``); None writes no files.
     """
 
     record_attention: ClassVar[bool | str] = "off"
@@ -104,12 +110,14 @@ class GainByContextLength(EvalRecorder):
         self.by, self.filename = by, filename
         self.last_means: dict[str, Tensor] = {}
         self.last_corr: dict[str, Tensor] = {}
+        self.last_nonfinite = torch.zeros(0)
 
     def init_sums(self, n_layers: int, device: torch.device) -> dict[str, Tensor]:
         z = torch.zeros
         return {
             "buckets": z(n_layers, len(self.edges), 5, dtype=torch.float64, device=device),
             "moments": z(n_layers, len(_MOMENTS), dtype=torch.float64, device=device),
+            "nonfinite": z(n_layers, dtype=torch.float64, device=device),
         }
 
     def accumulate(self, batch: Any, stats: Sequence[FilterStats | None]) -> None:
@@ -125,21 +133,26 @@ class GainByContextLength(EvalRecorder):
             k = s.gain.mean(-1)[keep].double()
             x = s.n_eff.mean(-1)[keep].double()
             g = s.gate.mean(-1)[keep].double() if s.gate is not None else torch.zeros_like(k)
+            finite = k.isfinite() & x.isfinite() & g.isfinite()
+            sums = self.sums["buckets"]
+            self.sums["nonfinite"][i] += (~finite).sum().to(sums.device, torch.float64)
+            k, x, g = k[finite], x[finite], g[finite]
             has_gate = torch.full_like(k, float(s.gate is not None))
             cols = torch.stack([torch.ones_like(k), k, x, has_gate, g], dim=-1)  # (N, 5)
-            sums = self.sums["buckets"]
-            sums[i].index_add_(0, bucket[keep].to(sums.device), cols.to(sums.device))
+            sums[i].index_add_(0, bucket[keep][finite].to(sums.device), cols.to(sums.device))
             moments = _moments(k, x.clamp_min(1).log(), g, has_gate)
             self.sums["moments"][i] += moments.to(sums.device)
 
     def emit(self, trainer: Trainer, totals: dict[str, Tensor], prefix: str, step: int) -> None:
         b, m = totals["buckets"].cpu(), totals["moments"].cpu()
+        self.last_nonfinite = totals["nonfinite"].cpu()
         count, gate_count = b[..., _COUNT], b[..., _GATE_COUNT]
         self.last_means = {
             "K": _safe_div(b[..., _K], count),
             "n_eff": _safe_div(b[..., _NEFF], count),
             "gate": _safe_div(b[..., _GATE], gate_count),
             "count": count,
+            "gate_count": gate_count,
         }
         mm = dict(zip(_MOMENTS, m.unbind(-1)))
         self.last_corr = {
@@ -149,7 +162,7 @@ class GainByContextLength(EvalRecorder):
         self.last_summary = self._scalars(prefix)
         output.log_scalars(trainer, self.last_summary, step)
         if self.filename is not None:
-            self._write(output.report_path(trainer, self.filename), prefix, step)
+            self._write(self.report_stem(trainer, self.filename), prefix, step)
 
     def _scalars(self, prefix: str) -> dict[str, float]:
         scalars: dict[str, float] = {}
@@ -159,6 +172,9 @@ class GainByContextLength(EvalRecorder):
                     scalars[f"{prefix}/{name}/{key}/ctx{lo}"] = v
             scalars[f"{prefix}/{name}/corr_K_log_neff"] = float(self.last_corr["K"][i])
             scalars[f"{prefix}/{name}/corr_gate_log_neff"] = float(self.last_corr["gate"][i])
+            nonfinite = float(self.last_nonfinite[i])
+            if nonfinite > 0 or self.last_means["count"][i].sum() > 0:
+                scalars[f"{prefix}/{name}/nonfinite"] = nonfinite
         return scalars
 
     def _write(self, stem: str | None, prefix: str, step: int) -> None:
@@ -169,17 +185,28 @@ class GainByContextLength(EvalRecorder):
         n = int(seen.max()) + 1 if seen.numel() else len(cols)  # drop trailing empty buckets
         cols = cols[:n]
         means = {k: v[:, :n] for k, v in self.last_means.items()}
+        empty, no_gate = means["count"] == 0, means["gate_count"] == 0
         corr = torch.stack([self.last_corr["K"], self.last_corr["gate"]], dim=-1)
+        corr_empty = (self.last_means["count"].sum(1) == 0).unsqueeze(1).expand_as(corr).clone()
+        corr_empty[:, 1] |= self.last_means["gate_count"].sum(1) == 0
+        left_out = self.last_nonfinite.view(-1, 1)
         text = [
             f"# Gain by context length ({prefix}, step {step})\n",
             f"Context length by `{self.by}`; means over valid positions (K over groups, "
             "n_eff over heads, gate over channels).\n",
-            report.markdown_table("Mean Kalman gain K", names, cols, means["K"]),
-            report.markdown_table("Mean n_eff", names, cols, means["n_eff"], "{:.2f}"),
-            report.markdown_table("Mean gate", names, cols, means["gate"]),
+            report.markdown_table("Mean Kalman gain K", names, cols, means["K"], empty=empty),
+            report.markdown_table("Mean n_eff", names, cols, means["n_eff"], "{:.2f}", empty=empty),
+            report.markdown_table("Mean gate", names, cols, means["gate"], empty=no_gate),
             report.markdown_table("Positions", names, cols, means["count"], "{:.0f}"),
             report.markdown_table(
-                "Correlation with log n_eff", names, ["K", "gate"], corr, "{:.3f}"
+                "Correlation with log n_eff", names, ["K", "gate"], corr, "{:.3f}", corr_empty
+            ),
+            report.markdown_table(
+                "Positions left out (NaN or infinite K, n_eff or gate)",
+                names,
+                ["positions"],
+                left_out,
+                "{:.0f}",
             ),
         ]
         report.write_text(f"{stem}.md", "\n".join(text))

@@ -17,14 +17,19 @@ callback warns and measures nothing.
 ``batch[item_key]`` may be (B, T), aligned with the layer's positions (the
 input item at each position, e.g. ``input_ids``), or (B,) (e.g. ``target``:
 the stratum of the target item, for every valid position of the sequence).
-Ids outside ``1..num_items`` (padding, a mask token) are skipped. Sums are
-fixed-size and summed across ranks (DDP-exact).
+Ids outside ``1..num_items`` (padding, a mask token) are skipped. A position
+where K, log lambda, log lambda_obs or n_eff is NaN or infinite is left out of
+every mean and counted instead, so one diverging value does not turn its
+whole stratum into NaN (which loggers drop and the report would show like an
+empty stratum). Sums are fixed-size and summed across ranks (DDP-exact).
 
 Logged (``{p}`` = ``stratum_val`` / ``stratum_test``): ``{p}/L/K/Q{j}``,
-``{p}/L/log_prec/Q{j}``, ``{p}/L/n_eff/Q{j}``; files ``{filename}.md`` (tables),
-``{filename}.json`` (the same numbers for programs: ``{"layers": [...],
-"strata": ["Q0", ...], "K": [[per stratum] per layer], ...}``, null where a
-stratum had no position) and ``{filename}.png`` in ``trainer.log_dir``.
+``{p}/L/log_prec/Q{j}``, ``{p}/L/n_eff/Q{j}``, ``{p}/L/nonfinite`` (positions
+left out); files, with the stage in the name (``{filename}_val`` on validation,
+``{filename}_test`` on test), in ``trainer.log_dir``: ``.md`` (tables, ``-``
+where a stratum had no position), ``.json`` (the same numbers for programs:
+``{"layers": [...], "strata": ["Q0", ...], "K": [[per stratum] per layer], ...,
+"nonfinite": [per layer]}``, null where a stratum had no position) and ``.png``.
 """
 
 from __future__ import annotations
@@ -60,8 +65,8 @@ class GainByStratum(EvalRecorder):
         stages: ``"validate"`` and / or ``"test"``.
         max_batches: record at most this many batches per epoch; None means all.
         prefix: tag prefix; the stage is appended (``stratum_val``, ``stratum_test``).
-        filename: report file stem in ``trainer.log_dir`` (``.md`` and ``.png``);
-            None writes no files.
+        filename: report file stem in ``trainer.log_dir``; the stage is appended
+            (``{filename}_val.md``, ``{filename}_test.json``, ...); None writes no files.
     """
 
     record_attention: ClassVar[bool | str] = "off"  # n_eff of precision="off" layers
@@ -82,6 +87,7 @@ class GainByStratum(EvalRecorder):
         self.item_frequency = None if item_frequency is None else torch.as_tensor(item_frequency)
         self.item_key, self.filename = item_key, filename
         self.last_means: dict[str, Tensor] = {}
+        self.last_nonfinite = torch.zeros(0)
         self._freq: Tensor | None = None
         self._bounds: Tensor | None = None
         self._warned: set[str] = set()
@@ -102,7 +108,10 @@ class GainByStratum(EvalRecorder):
 
     def init_sums(self, n_layers: int, device: torch.device) -> dict[str, Tensor]:
         shape = (n_layers, NUM_STRATA, len(COLUMNS))
-        return {"strata": torch.zeros(shape, dtype=torch.float64, device=device)}
+        return {
+            "strata": torch.zeros(shape, dtype=torch.float64, device=device),
+            "nonfinite": torch.zeros(n_layers, dtype=torch.float64, device=device),
+        }
 
     def accumulate(self, batch: Any, stats: Sequence[FilterStats | None]) -> None:
         for i, s in enumerate(stats):
@@ -118,7 +127,9 @@ class GainByStratum(EvalRecorder):
             cols += [s.log_prec_obs.mean(-1)[keep], s.n_eff.mean(-1)[keep]]
             sums = self.sums["strata"]
             values = torch.stack(cols, dim=-1).double().to(sums.device)
-            sums[i].index_add_(0, stratum.to(sums.device), values)
+            finite = values.isfinite().all(-1)
+            self.sums["nonfinite"][i] += (~finite).sum().to(sums.device, torch.float64)
+            sums[i].index_add_(0, stratum.to(sums.device)[finite], values[finite])
 
     def _item_ids(self, batch: Any, s: FilterStats | None) -> Tensor | None:
         """``batch[item_key]`` as (B, T) aligned with the layer's positions, or None."""
@@ -147,37 +158,52 @@ class GainByStratum(EvalRecorder):
         count = t[..., 0]
         self.last_means = {c: _mean(t[..., j], count) for j, c in enumerate(COLUMNS) if j}
         self.last_means["count"] = count
-        self.last_summary = {
-            f"{prefix}/{name}/{c}/Q{j}": float(self.last_means[c][i, j])
-            for i, name in enumerate(self.layer_names)
-            for c in ("K", "log_prec", "n_eff")
-            for j in range(NUM_STRATA)
-        }
+        self.last_nonfinite = nonfinite = totals["nonfinite"].cpu()
+        self.last_summary = {}
+        for i, name in enumerate(self.layer_names):
+            for c in ("K", "log_prec", "n_eff"):
+                for j in range(NUM_STRATA):
+                    self.last_summary[f"{prefix}/{name}/{c}/Q{j}"] = float(self.last_means[c][i, j])
+            if nonfinite[i] > 0 or count[i].sum() > 0:
+                self.last_summary[f"{prefix}/{name}/nonfinite"] = float(nonfinite[i])
         output.log_scalars(trainer, self.last_summary, step)
         if self.filename is not None:
-            self._write(output.report_path(trainer, self.filename), prefix, step)
+            self._write(self.report_stem(trainer, self.filename), prefix, step)
 
     def _write(self, stem: str | None, prefix: str, step: int) -> None:
         if stem is None:
             return
         names, cols = self.layer_names, [f"Q{j}" for j in range(NUM_STRATA)]
         m = self.last_means
+        empty = m["count"] == 0
         text = [
             f"# Gain by item stratum ({prefix}, step {step})\n",
             f"Popularity quartile (training frequency; Q0 = rarest 25% of items) of "
             f"`batch[{self.item_key!r}]` at each valid position. Means over positions "
             "(and over precision groups / heads).\n",
-            report.markdown_table("Mean Kalman gain K", names, cols, m["K"]),
-            report.markdown_table("Mean log lambda (prior)", names, cols, m["log_prec"]),
-            report.markdown_table("Mean log lambda_obs", names, cols, m["log_prec_obs"]),
-            report.markdown_table("Mean n_eff", names, cols, m["n_eff"], "{:.2f}"),
+            report.markdown_table("Mean Kalman gain K", names, cols, m["K"], empty=empty),
+            report.markdown_table(
+                "Mean log lambda (prior)", names, cols, m["log_prec"], empty=empty
+            ),
+            report.markdown_table(
+                "Mean log lambda_obs", names, cols, m["log_prec_obs"], empty=empty
+            ),
+            report.markdown_table("Mean n_eff", names, cols, m["n_eff"], "{:.2f}", empty),
             report.markdown_table("Positions", names, cols, m["count"], "{:.0f}"),
+            report.markdown_table(
+                "Positions left out (NaN or infinite K, log lambda, log lambda_obs or n_eff)",
+                names,
+                ["positions"],
+                self.last_nonfinite.view(-1, 1),
+                "{:.0f}",
+            ),
         ]
         report.write_text(f"{stem}.md", "\n".join(text))
         table = {"prefix": prefix, "step": step, "item_key": self.item_key}
         table |= {"layers": list(names), "strata": cols}
         for c in ("K", "log_prec", "log_prec_obs", "n_eff", "count"):
             table[c] = [[None if math.isnan(x) else x for x in row] for row in m[c].tolist()]
+        table["nonfinite"] = self.last_nonfinite.tolist()
         report.write_text(f"{stem}.json", json.dumps(table, indent=1))
         panels = [("mean K", names, m["K"]), ("mean log lambda (prior)", names, m["log_prec"])]
         title = f"Gain by item stratum ({prefix}, step {step})"

@@ -11,6 +11,7 @@ so it needs no knowledge of the model's classes.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
@@ -120,6 +121,26 @@ def set_recording(model: nn.Module, on: bool, attention: bool = False) -> None:
         layer.record_attention = on and attention
         if not on:
             layer.last_stats = None
+
+
+@contextmanager
+def paused_recording(model: nn.Module) -> Iterator[None]:
+    """Run a block with recording off in every filter layer, then restore each layer's
+    flags; the statistics recorded before stay in ``last_stats``.
+
+    For work that must not overwrite what callbacks read at batch end, such as
+    generation after an evaluation forward: each cached decoding step would
+    replace the forward's statistics by those of one token.
+    """
+    layers = [layer for _, layer in find_filter_layers(model)]
+    flags = [(layer.record, layer.record_attention) for layer in layers]
+    for layer in layers:
+        layer.record = layer.record_attention = False
+    try:
+        yield
+    finally:
+        for layer, (record, attention) in zip(layers, flags, strict=True):
+            layer.record, layer.record_attention = record, attention
 
 
 @torch.no_grad()

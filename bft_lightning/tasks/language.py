@@ -31,6 +31,7 @@ from bft_lightning.models.llama import (
     LlamaForCausalLM,
     calibrate_precision,
 )
+from bft_lightning.nn.stats import paused_recording
 from bft_lightning.tasks.optim import configure_adamw
 
 LOSSES = ("ce", "focal")
@@ -205,10 +206,11 @@ class LanguageSFT(L.LightningModule):
         tok = self._tokenizer()
         if tok is None:
             raise RuntimeError("decoding answers needs a datamodule with load_tokenizer()")
-        new = self.model.generate(
-            batch["prompt_ids"], batch["prompt_mask"], self.max_new_tokens,
-            eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
-        )  # fmt: skip
+        with paused_recording(self.model):  # callbacks read the evaluation forward's stats
+            new = self.model.generate(
+                batch["prompt_ids"], batch["prompt_mask"], self.max_new_tokens,
+                eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+            )  # fmt: skip
         out = []
         for row in new.tolist():
             if tok.eos_id in row:

@@ -45,9 +45,33 @@ def test_sink_alpha_of_causal_uniform_attention_is_the_mean_of_one_over_i():
     assert alpha.item() == pytest.approx(sum(1 / i for i in range(1, t + 1)) / t)
 
 
-def test_sink_rate_counts_heads_above_eps_and_skips_missing_heads():
-    alpha1 = torch.tensor([[0.6, 0.1, 0.35], [0.2, 0.5, math.nan]])
-    assert sink_rate(alpha1, 0.3).tolist() == pytest.approx([2 / 3, 1 / 2])
+def test_sink_rate_is_the_fraction_of_sequence_head_pairs_above_eps():
+    above = torch.tensor([[3.0, 0.0, 1.0], [2.0, 4.0, 0.0], [0.0, 0.0, 0.0]])
+    count = torch.tensor([[4.0, 4.0, 4.0], [4.0, 4.0, 0.0], [0.0, 0.0, 0.0]])
+    rate = sink_rate(above, count)
+    assert rate[:2].tolist() == pytest.approx([4 / 12, 6 / 8]) and math.isnan(rate[2])
+
+
+@pytest.mark.filterwarnings("ignore:.*no logger")
+def test_sink1_thresholds_each_sequence_before_averaging():
+    """Gu et al. 2025 compare each sequence's alpha_1 with eps, then average: sequences at
+    0.5 and 0.2 make half a sink (thresholding their mean, 0.35, would make a whole one)."""
+
+    def alternating(ids):
+        valid = ids > 0
+        rows = [sink_pattern(valid[i : i + 1], [0.5, 0.6] if i % 2 else [0.2, 0.6])
+                for i in range(len(ids))]  # fmt: skip
+        return {"attention": torch.cat(rows)}
+
+    batches = make_batches(2, length=8)
+    for b in batches:
+        b["input_ids"][:, -2:] = b["input_ids"][:, -2:].clamp_min(1)
+    monitor = AttentionSinkMonitor(eps=0.3)
+    Trainer(callbacks=[monitor], **FAST).validate(ScriptedModule(alternating), loader(batches))
+    assert monitor.last_alpha1[0].tolist() == pytest.approx([0.35, 0.6])
+    assert monitor.last_sink1.tolist() == [0.75]  # head 0: half the sequences; head 1: all
+    assert monitor.last_summary["sink_val/blocks.0/sink1"] == 0.75
+    assert monitor.last_summary["sink_val/sink1"] == 0.75
 
 
 def test_monitor_measures_the_constructed_pattern(tmp_path):

@@ -9,12 +9,19 @@ two steps, measures the same weights as the DDP run does in one step.
 import csv
 
 import pytest
+import torch
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tb_events import read_events
+from test_callbacks_attention_sink import sink_pattern
 from toy_bft import FAST, OneThread, RankBatches, ScriptedModule, ToyBFT, make_batches
 
-from bft_lightning.callbacks import PrecisionMonitor
+from bft_lightning.callbacks import (
+    AttentionSinkMonitor,
+    GainByContextLength,
+    GainByStratum,
+    PrecisionMonitor,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -85,4 +92,50 @@ def test_ddp_non_finite_counts_are_summed_over_ranks(tmp_path, monkeypatch):
     assert expected > 0
     assert ddp["bft_val/blocks.0/gain/nonfinite"] == one["bft_val/blocks.0/gain/nonfinite"]
     assert one["bft_val/blocks.0/gain/nonfinite"] == expected
+    assert ddp == pytest.approx(one)
+
+
+def sink_and_nan_gain(ids):
+    """Sink mass 0.5 or 0.2 by the parity of the last item, and ``nan_gain``'s NaN gains."""
+    valid = ids > 0
+    rows = [sink_pattern(valid[i : i + 1], [0.5 if int(ids[i, -1]) % 2 else 0.2])
+            for i in range(len(ids))]  # fmt: skip
+    return {**nan_gain(ids), "attention": torch.cat(rows)}
+
+
+def eval_metrics(tmp_path, name: str, devices: int) -> dict:
+    batches = make_batches(4, seed=20, length=12)
+    for b in batches:  # at least two valid keys per sequence
+        b["input_ids"][:, -2:] = b["input_ids"][:, -2:].clamp_min(1)
+    data = RankBatches([], batches, item_frequency=torch.arange(24.0))
+    callbacks = [
+        OneThread(),
+        AttentionSinkMonitor(),
+        GainByContextLength(bucket_edges=[1, 4], filename=None),
+        GainByStratum(filename=None),
+    ]
+    logger = CSVLogger(str(tmp_path), name=name, version=0)
+    opts = {**FAST, "devices": devices, "use_distributed_sampler": False, "logger": logger}
+    if devices > 1:
+        opts["strategy"] = "ddp_fork"
+    Trainer(callbacks=callbacks, **opts).validate(ScriptedModule(sink_and_nan_gain), data)
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {k: float(v) for r in rows for k, v in r.items() if v and k != "step"}
+
+
+def test_ddp_sink_counts_and_eval_non_finite_counts_are_summed_over_ranks(tmp_path, monkeypatch):
+    """The per-sequence sink counts and the left-out positions are summed across ranks."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ddp = eval_metrics(tmp_path, "ddp", devices=2)
+    one = eval_metrics(tmp_path, "one", devices=1)
+    ids = [b["input_ids"] for b in make_batches(4, seed=20, length=12)]
+    for b in ids:
+        b[:, -2:] = b[:, -2:].clamp_min(1)
+    bad = sum(int(((x > 0) & (x % 3 == 0)).sum()) for x in ids)
+    odd = torch.cat([x[:, -1] % 2 for x in ids]).double().mean().item()
+    assert bad > 0 and 0 < odd < 1
+    assert one["gain_ctx_val/blocks.0/nonfinite"] == one["stratum_val/blocks.0/nonfinite"] == bad
+    assert one["sink_val/sink1"] == pytest.approx(odd)
+    assert sorted(ddp) == sorted(one)
     assert ddp == pytest.approx(one)

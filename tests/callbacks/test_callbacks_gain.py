@@ -53,10 +53,10 @@ def test_stratum_means_and_report_files_from_the_datamodule(tmp_path):
     assert cb.last_means["log_prec"][0].tolist() == pytest.approx([-10 * v for v in got])
     assert cb.last_means["count"].sum() == sum(int((b["input_ids"] > 0).sum()) for b in batches)
     assert cb.last_summary["stratum_val/blocks.0/K/Q0"] == pytest.approx(got[0])
-    md = (tmp_path / "gain_by_stratum.md").read_text()
+    md = (tmp_path / "gain_by_stratum_val.md").read_text()
     assert "### Mean Kalman gain K" in md and f"{got[3]:.4f}" in md
-    assert (tmp_path / "gain_by_stratum.png").read_bytes()[:4] == b"\x89PNG"
-    table = json.loads((tmp_path / "gain_by_stratum.json").read_text())
+    assert (tmp_path / "gain_by_stratum_val.png").read_bytes()[:4] == b"\x89PNG"
+    table = json.loads((tmp_path / "gain_by_stratum_val.json").read_text())
     assert table["layers"] == ["blocks.0"] and table["strata"] == ["Q0", "Q1", "Q2", "Q3"]
     assert table["K"][0] == pytest.approx(got)
     assert sum(table["count"][0]) == float(cb.last_means["count"].sum())
@@ -75,15 +75,18 @@ def test_reproduce_runner_reads_the_gain_table_as_json_and_as_markdown(tmp_path)
     )
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
-    for kind in ("json", "md"):
-        run = tmp_path / kind / "tb" / "version_0"
-        run.mkdir(parents=True)
-        (run / f"gain_by_stratum.{kind}").write_text((logs / f"gain_by_stratum.{kind}").read_text())
-    from_json = runner.layer_gains(tmp_path / "json")
-    from_md = runner.layer_gains(tmp_path / "md")
+    for kind in ("json", "md"):  # a test run's files, and the names of older runs
+        for name, stem in (("new", "gain_by_stratum_test"), ("old", "gain_by_stratum")):
+            run = tmp_path / f"{name}_{kind}" / "tb" / "version_0"
+            run.mkdir(parents=True)
+            (run / f"{stem}.{kind}").write_text((logs / f"gain_by_stratum_val.{kind}").read_text())
+    from_json = runner.layer_gains(tmp_path / "new_json")
     assert list(from_json) == ["blocks.0"]
     assert from_json["blocks.0"] == pytest.approx(expected_by_stratum(batches, "input_ids"))
-    assert from_md["blocks.0"] == pytest.approx(from_json["blocks.0"], abs=5e-5)
+    assert runner.layer_gains(tmp_path / "old_json") == from_json
+    for name in ("new_md", "old_md"):
+        from_md = runner.layer_gains(tmp_path / name)
+        assert from_md["blocks.0"] == pytest.approx(from_json["blocks.0"], abs=5e-5)
     assert runner.layer_gains(tmp_path / "none") == {}
 
 
@@ -101,13 +104,13 @@ def test_stratum_of_the_target_from_a_constructor_frequency(tmp_path):
     want = [sum(v) / len(v) if v else math.nan for v in k]
     assert cb.last_means["K"][0].tolist() == pytest.approx(want, nan_ok=True)
     assert "stratum_test/blocks.0/K/Q1" in cb.last_summary
-    assert not (tmp_path / "gain_by_stratum.md").exists()
+    assert not list(tmp_path.glob("gain_by_stratum*"))
 
 
 def test_stratum_without_frequency_or_key_warns(tmp_path):
     with pytest.warns(UserWarning, match="no item frequency"):
         trainer(tmp_path, GainByStratum()).validate(ScriptedModule(by_item), loader(data(1)))
-    assert not (tmp_path / "gain_by_stratum.md").exists()
+    assert not list(tmp_path.glob("gain_by_stratum*"))
     cb = GainByStratum(item_frequency=FREQ.tolist(), item_key="items")
     with pytest.warns(UserWarning, match="no key 'items'"):
         trainer(tmp_path, cb).validate(ScriptedModule(by_item), loader(data(1)))
@@ -133,9 +136,10 @@ def test_gain_by_context_buckets_and_correlation(tmp_path):
     assert cb.last_corr["K"][0].item() == pytest.approx(1.0)
     assert math.isnan(cb.last_corr["gate"][0].item())  # a constant gate tracks nothing
     assert cb.last_summary["gain_ctx_val/blocks.0/K/ctx2"] == cb.last_means["K"][0, 1].item()
-    md = (tmp_path / "gain_by_context.md").read_text()
+    md = (tmp_path / "gain_by_context_val.md").read_text()
     assert "| blocks.0 | 0.0000 |" in md and "4+" in md
-    assert (tmp_path / "gain_by_context.png").exists()
+    assert "| blocks.0 | 1.000 | nan |" in md  # undefined (constant gate), not empty
+    assert (tmp_path / "gain_by_context_val.png").exists()
 
 
 def test_gain_by_context_on_the_gated_baseline(tmp_path):
@@ -175,3 +179,64 @@ def test_eval_callbacks_find_layers_built_in_configure_model(tmp_path):
     )
     t.test(LazyToy(), loader(data(1)))
     assert "gain_ctx_test/encoder.layers.1/K/ctx1" in cb.last_summary
+
+
+def test_validation_and_test_reports_keep_separate_files(tmp_path):
+    """``test`` after validation in the same log_dir must not overwrite the validation report."""
+    batches = data()
+    ctx = GainByContextLength(bucket_edges=[1, 4])
+    strata = GainByStratum(item_frequency=FREQ.tolist())
+    t = Trainer(callbacks=[ctx, strata], **{**FAST, "default_root_dir": str(tmp_path)})
+    t.validate(ScriptedModule(by_item), loader(batches))
+    t.test(ScriptedModule(by_item), loader(batches[:1]))
+    for stem in ("gain_by_context", "gain_by_stratum"):
+        assert "_val, step" in (tmp_path / f"{stem}_val.md").read_text().splitlines()[0]
+        assert "_test, step" in (tmp_path / f"{stem}_test.md").read_text().splitlines()[0]
+        assert (tmp_path / f"{stem}_val.png").exists() and (tmp_path / f"{stem}_test.png").exists()
+    assert (
+        json.loads((tmp_path / "gain_by_stratum_val.json").read_text())["prefix"] == "stratum_val"
+    )
+    assert json.loads((tmp_path / "gain_by_stratum_test.json").read_text())["prefix"] == (
+        "stratum_test"
+    )
+
+
+def with_non_finite(ids):
+    """``by_item`` with K NaN where the id is 3 and n_eff infinite where it is 8 (one of two)."""
+    out = by_item(ids)
+    gain, n_eff = out["gain"].clone(), out["n_eff"].clone()
+    gain[..., 0][ids == 3] = math.nan
+    n_eff[..., 1][ids == 8] = math.inf
+    return {**out, "gain": gain, "n_eff": n_eff}
+
+
+def test_non_finite_positions_are_left_out_and_counted(tmp_path):
+    """One NaN K or infinite n_eff must not turn its whole bucket / stratum and the layer's
+    correlation into NaN (dropped by loggers, shown like an empty bucket): those positions
+    are left out of the means and counted under ``.../nonfinite``."""
+    batches = data()
+    ids = torch.cat([b["input_ids"].flatten() for b in batches])
+    bad = int(((ids == 3) | (ids == 8)).sum())
+    assert bad > 0
+    ctx = GainByContextLength(bucket_edges=[1, 4])
+    strata = GainByStratum(item_frequency=FREQ.tolist())
+    t = Trainer(callbacks=[ctx, strata], **{**FAST, "default_root_dir": str(tmp_path)})
+    t.validate(ScriptedModule(with_non_finite), loader(batches))
+
+    good = ids[(ids > 0) & (ids != 3) & (ids != 8)]
+    assert strata.last_summary["stratum_val/blocks.0/nonfinite"] == bad
+    assert ctx.last_summary["gain_ctx_val/blocks.0/nonfinite"] == bad
+    assert strata.last_means["count"].sum() == good.numel()
+    assert ctx.last_means["count"].sum() == good.numel()
+    want = [good[(good - 1) // 2 == j].double().mean().item() / 10 for j in range(4)]
+    assert strata.last_means["K"][0].tolist() == pytest.approx(want)
+    for summary in (strata.last_summary, ctx.last_summary):
+        assert all(math.isfinite(v) for k, v in summary.items() if "gate" not in k)
+    assert math.isfinite(ctx.last_corr["K"][0].item())
+    table = json.loads((tmp_path / "gain_by_stratum_val.json").read_text())
+    assert table["nonfinite"] == [bad] and None not in table["K"][0]
+    for stem in ("gain_by_context_val", "gain_by_stratum_val"):
+        md = (tmp_path / f"{stem}.md").read_text()
+        k_table = md.split("### Mean Kalman gain K")[1].split("###")[0]
+        assert "-" not in k_table.split("|---")[-1] and "nan" not in k_table
+        assert f"| blocks.0 | {bad} |" in md  # the positions left out

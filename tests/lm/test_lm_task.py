@@ -154,3 +154,25 @@ def test_lightning_checkpoint_reloads_with_weights_only(tmp_path: Path) -> None:
     x = torch.randint(3, 300, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(x), task.eval()(x))
+
+
+def test_generation_leaves_the_evaluation_forwards_statistics(tmp_path: Path) -> None:
+    """Callbacks read the filter statistics at batch end; generating answers after the
+    evaluation forward must not replace them by those of its last decoding step."""
+    from bft_lightning.nn.stats import find_filter_layers, set_recording
+
+    seen: list[tuple[int, int]] = []
+
+    class Probe(L.Callback):
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dl=0):  # type: ignore[no-untyped-def]
+            set_recording(pl_module.model, True)
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dl=0):  # type: ignore[no-untyped-def]
+            _, layer = next(find_filter_layers(pl_module.model))
+            seen.append(tuple(layer.last_stats.valid.shape) + tuple(batch["input_ids"].shape))
+            assert layer.record  # recording is back on after generation
+
+    dm = _data(tmp_path)
+    task = LanguageSFT(TINY_CFG, bft=BFTOptions(precision="on"), max_new_tokens=3)
+    _trainer(tmp_path, 1, callbacks=[Probe()], limit_val_batches=2).validate(task, dm)
+    assert seen and all(s[:2] == s[2:] for s in seen), seen  # (B, T) of the forward
