@@ -549,9 +549,13 @@ def calibrate_precision(
         for _ in range(iterations):
             for layer in layers:
                 layer.calibrate_sill = True
-            model(input_ids, attention_mask)
+            model(input_ids, attention_mask)  # sets each layer's sill from this batch ...
             for layer in layers:
                 layer.calibrate_sill = False
+                layer.flush_sill()
+            # ... which the statistics fitted below must use: a second forward (the
+            # first one's statistics were made with the previous sill, 1 at the start)
+            model(input_ids, attention_mask)
             stats: list[FilterStats] = [layer.last_stats for layer in layers]  # type: ignore[misc]
             s0 = stats[0]
             x = s0.log_prec_obs[s0.valid] + log_rms2[input_ids[s0.valid]].unsqueeze(1)  # (N, G)
