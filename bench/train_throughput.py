@@ -62,7 +62,7 @@ class StepTimer(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         _sync(pl_module)
         self._start = time.perf_counter()
-        if self._end is not None and self._count > self.warmup:
+        if self._end is not None and self._count >= self.warmup:  # the wait before a timed step
             self.wait.append(self._start - self._end)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
@@ -82,7 +82,7 @@ def _sync(module: torch.nn.Module) -> None:
 def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namespace) -> dict:
     config = ROOT / "configs" / "experiments" / f"{backbone}_{precision}_beauty.yaml"
     argv = [
-        "--config", str(config), "--trainer.max_steps=-1", "--trainer.max_epochs=3",
+        "--config", str(config), "--trainer.max_steps=-1", "--trainer.max_epochs=1000",
         "--trainer.limit_val_batches=0", "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", "--trainer.callbacks=[]",
@@ -97,6 +97,8 @@ def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namesp
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     step, wait = sum(timer.step), sum(timer.wait)
     n = len(timer.step)
+    if n == 0:
+        raise RuntimeError(f"{backbone} {precision}: no step was timed (warm-up {args.warmup})")
     batches = int(cli.trainer.num_training_batches)
     batch_size = cli.datamodule.batch_size
     return {

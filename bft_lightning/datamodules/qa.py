@@ -208,7 +208,7 @@ def read_nq_open(path: str | Path) -> list[QAExample]:
     two files never collide (``read_dataset`` drops repeated ids).
     """
     path = Path(path)
-    stem = path.name.split(".", 1)[0]
+    stem = path.name.removesuffix(".gz").removesuffix(".jsonl").removesuffix(".json")
     out = []
     for i, (where, row) in enumerate(_jsonl(path)):
         with _fields(where):
@@ -432,15 +432,16 @@ def encode_example(
     bodies: list[list[int]] = []
     spans: list[tuple[int, int] | None] = []
     answer_gold = next((g for g in ex.gold if _locate(ex, g) is not None), None)
-    for p in passages:
+    for n, p in enumerate(passages):
         span = None
+        first = n == 0  # right after BOS: the start of the document, not a continuation
         if p is answer_gold:
-            ids, offsets = tok.encode_with_offsets(p.text)
+            ids, offsets = tok.encode_with_offsets(p.text, start=first)
             char_span = _locate(ex, p)
             assert char_span is not None
             span = _answer_token_span(offsets, *char_span)
         else:
-            ids = tok.encode(p.text)
+            ids = tok.encode(p.text, start=first)
         if max_passage_tokens is not None and len(ids) > max_passage_tokens:
             if span is not None and span[1] - span[0] + 1 > max_passage_tokens:
                 return None
@@ -901,7 +902,7 @@ class QAPretrainDataModule(QADataModule):
         for name in ("train", "val"):
             ids: list[int] = []
             for _, p in passage_pool(splits[name]):
-                ids += [tok.eos_id] + tok.encode(p.text)
+                ids += [tok.eos_id] + tok.encode(p.text, start=True)  # a document each
             qa: list[QAExample] = []
             if name == "train" and self.cloze_per_passage:
                 pool = [p for _, p in passage_pool(splits["train"])]
@@ -928,7 +929,8 @@ class QAPretrainDataModule(QADataModule):
             for file in self.extra_text_files:
                 text = Path(file).read_text(encoding="utf-8")
                 cut = int(len(text) * self.train_fraction)
-                ids += [tok.eos_id] + tok.encode(text[:cut] if name == "train" else text[cut:])
+                part = text[:cut] if name == "train" else text[cut:]
+                ids += [tok.eos_id] + tok.encode(part, start=True)
             self.chunks[name] = text_chunks(ids, self.seq_len)
 
     def _text_loader(self, name: str, shuffle: bool) -> DataLoader:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import json
 import math
 import re
@@ -473,16 +474,21 @@ def _amazon_csv_rows(
     path: Path, lines: Iterator[tuple[int, str]]
 ) -> Iterator[tuple[int, str, str, int]]:
     """Reviews from a CSV: a named header, or headerless ``item,user,rating,timestamp``
-    (2018) or ``user,item,rating,timestamp`` (2014), told apart by the ASIN."""
-    cols: dict[str, int] | None = None
-    width = 4
-    for lineno, line in lines:
+    (2018) or ``user,item,rating,timestamp`` (2014), told apart by the ASINs."""
+    first = next(lines, None)
+    if first is None:
+        return
+    lineno, line = first[0], first[1].lstrip("\ufeff")  # a BOM before the first field
+    fields = next(csv.reader([line]))
+    named = _csv_columns(fields)
+    if named is not None:
+        cols, width, rows = named, len(fields), lines
+    else:
+        head = [(lineno, line), *itertools.islice(lines, _LAYOUT_ROWS - 1)]
+        cols, width = _headerless_layout([next(csv.reader([text])) for _, text in head]), 4
+        rows = itertools.chain(head, lines)
+    for lineno, line in rows:
         fields = next(csv.reader([line]))
-        if cols is None:
-            if (named := _csv_columns(fields)) is not None:
-                cols, width = named, len(fields)
-                continue
-            cols = _headerless_layout(fields)
         if len(fields) != width:
             raise _bad(path, lineno, f"expected {width} comma-separated fields, got {len(fields)}")
         time = _int_time(fields[cols["time"]], path, lineno)
@@ -491,19 +497,26 @@ def _amazon_csv_rows(
 
 
 _ASIN = re.compile(r"[0-9A-Z]{9}[0-9A-ZX]")
+_LAYOUT_ROWS = 200  # rows that decide a headerless file's column order
 
 
-def _headerless_layout(fields: list[str]) -> dict[str, int]:
-    """Columns of a headerless Amazon ratings CSV from its first row.
+def _headerless_layout(rows: list[list[str]]) -> dict[str, int]:
+    """Columns of a headerless Amazon ratings CSV from its first rows.
 
     The 2018 "ratings only" files put the item first, the 2014 ones the user:
     read the wrong way, every user would become an item. An ASIN is 10
     upper-case letters or digits (ISBN-10s may end in X); reviewer ids are
-    longer. Only a second column shaped like an ASIN and a first column not
-    shaped like one selects the 2014 layout.
+    mostly longer. The rows vote: one whose second column looks like an ASIN
+    and whose first does not is a 2014 row, and the reverse a 2018 row; the
+    2014 layout needs more votes than the 2018 one (the default).
     """
-    first, second = (f.strip() for f in fields[:2]) if len(fields) >= 2 else ("", "")
-    if _ASIN.fullmatch(second) and not _ASIN.fullmatch(first):
+    votes = 0
+    for fields in rows:
+        if len(fields) < 2:
+            continue
+        first, second = (_ASIN.fullmatch(f.strip()) is not None for f in fields[:2])
+        votes += int(second and not first) - int(first and not second)
+    if votes > 0:
         return {"user": 0, "item": 1, "time": 3}
     return {"item": 0, "user": 1, "time": 3}
 

@@ -33,13 +33,17 @@ STRATA: tuple[tuple[str, str], ...] = (
 
 # ----------------------------------------------------------------------------- files
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write via a temp file in ``path.parent`` then ``os.replace`` (no torn files)."""
+    """Write via a temp file in ``path.parent`` then ``os.replace`` (no torn files), with
+    the permissions a plain ``open`` would give (``mkstemp`` makes its file 0600)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

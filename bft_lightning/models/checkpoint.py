@@ -179,13 +179,21 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
 
-    def encode(self, text: str, bos: bool = False) -> list[int]:
-        ids = self._segments.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
+    def _for(self, start: bool) -> object:
+        return self.tokenizer if start else self._segments
+
+    def encode(self, text: str, bos: bool = False, start: bool | None = None) -> list[int]:
+        """Ids of ``text``: a continuation of the text before it, or with ``start``
+        (default: ``bos``) the start of a document, with the tokenizer's own marker."""
+        start = bos if start is None else start
+        ids = self._for(start).encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
         return ([self.bos_id] if bos and self.bos_id is not None else []) + list(ids)
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    def encode_with_offsets(
+        self, text: str, start: bool = False
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and (start, end) character offsets of each token in ``text``."""
-        enc = self._segments.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        enc = self._for(start).encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
         return list(enc.ids), [tuple(o) for o in enc.offsets]
 
     def decode(self, ids: Iterable[int]) -> str:

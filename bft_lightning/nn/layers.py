@@ -375,8 +375,8 @@ class BFTEncoder(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """src: (B, T, d); log_precision: (B, T, G) or (B, T, 1), -inf at padding.
 
-        ``mask`` is a (T, T) attention mask (bool True = blocked, or additive
-        float); with ``is_causal=True`` and no mask the causal mask is built.
+        ``mask`` is a (T, T) attention mask (bool True = blocked, or float 0 /
+        -inf); with ``is_causal=True`` and no mask the causal mask is built.
         Returns the output (B, T, d), and with ``return_precision`` the final
         ``log lambda`` (B, T, G) too (None in off mode).
         """

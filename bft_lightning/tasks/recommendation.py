@@ -281,10 +281,12 @@ class SequentialRecommendation(L.LightningModule):
         assert metric is not None
         batch = trim_left_padding(batch, keep_one=True)
         hidden, log_prec = self.model.last_hidden(batch["input_ids"], batch.get("input_time"))
-        # scores in float32 also under mixed precision: a bf16 score matrix ties
-        # many items with the target, and ties count against it
+        # scores in the weights' precision, not autocast's: under mixed precision
+        # (float32 weights) a bf16 score matrix ties many items with the target,
+        # and ties count against it; a bf16 model ("bf16-true") scores in bf16
+        weights = self.model.item_emb.weight.dtype
         with torch.autocast(hidden.device.type, enabled=False):
-            scores = self.model.score(hidden.float(), log_prec).float()
+            scores = self.model.score(hidden.to(weights), log_prec).float()
         exclude = None
         if self.mask_history:
             exclude = torch.zeros_like(scores, dtype=torch.bool)

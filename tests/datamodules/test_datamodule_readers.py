@@ -142,19 +142,23 @@ def test_amazon_csv(write, header):
     assert log.users == ["U0", "U1", "U2"] and log.sequences == [["I0", "I1"]] * 3
 
 
-@pytest.mark.parametrize("layout", ["2018", "2014", "bom-header"])
+@pytest.mark.parametrize("layout", ["2018", "2014", "2014-short-first-user", "bom-header", "bom"])
 def test_amazon_csv_layouts_with_real_id_shapes(write, layout):
     """Headerless 2018 files put the ASIN first, 2014 files the reviewer; read the
     wrong way every user would become an item. A header after a BOM is a header."""
     users = ["A1XJ7Y9QW3ZPLM", "A2B8KDE01QXYTU", "AZC3RR0NOP6WQ"]
+    if layout == "2014-short-first-user":  # an ASIN-shaped reviewer id first: rows vote
+        users[0] = "A123456789"
     items = ["B00004TMFE", "0140449132", "123456789X"]
     rows = [(u, i, 10 * a + b) for a, u in enumerate(users) for b, i in enumerate(items)]
-    if layout == "2014":
+    if layout.startswith("2014"):
         text = "".join(f"{u},{i},5.0,{t}\n" for u, i, t in rows)
     else:
         text = "".join(f"{i},{u},5.0,{t}\n" for u, i, t in rows)
     if layout == "bom-header":
         text = "\ufeffitem,user,rating,timestamp\n" + text
+    if layout == "bom":
+        text = "\ufeff" + text
     log = read_interactions(write("Cat.csv", text), kcore=0)
     assert log.users == users
     assert log.sequences == [items] * 3

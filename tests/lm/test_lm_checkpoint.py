@@ -202,5 +202,27 @@ def test_segments_encode_as_continuations_of_running_text(tmp_path, scheme) -> N
     assert pieces(raw.encode("Answer:", add_special_tokens=False).ids)[0].startswith("▁")
     if scheme == "prepend":  # the file's own encoding of a segment carries a second marker
         assert pieces(raw.encode(" Paris", add_special_tokens=False).ids)[0] == "▁"
+    for text in ("Answer:", "Paris is the capital"):  # a document's start keeps the marker
+        assert tok.encode(text, start=True) == raw.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text, bos=True)[1:] == tok.encode(text, start=True)
     tok.save(tmp_path / "again.json")  # the saved tokenizer is the file's, marker and all
     assert json.loads((tmp_path / "again.json").read_text()) == json.loads(path.read_text())
+
+
+def test_prompt_reads_like_running_text_with_a_sentencepiece_tokenizer(tmp_path) -> None:
+    """BOS, the first passage as a document start (with its marker), then the
+    question and the answer as continuations: no stray start markers inside."""
+    from tokenizers import Tokenizer
+
+    from bft_lightning.datamodules.qa import Passage, QAExample, encode_example
+
+    path = _sentencepiece_style(tmp_path, "prepend")
+    tok, raw = load_tokenizer(path), Tokenizer.from_file(str(path))
+    gold = Passage("Paris is the capital of France")
+    ex = QAExample("q1", "who is it", ["Paris"], [gold], "g", answer_start=0)
+    enc = encode_example(ex, tok, [gold], max_length=64, max_answer_tokens=8)
+    assert enc is not None
+    first = raw.encode(gold.text, add_special_tokens=False).ids
+    assert enc.prompt[: 1 + len(first)] == [tok.bos_id, *first]
+    assert [raw.id_to_token(i) for i in enc.answer[:-1]] == ["▁Paris"]
+    assert enc.answer[-1] == tok.eos_id

@@ -233,3 +233,26 @@ def test_cosine_schedule_without_a_run_length_is_refused(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match="max_epochs or trainer.max_steps"):
         trainer(tmp_path, max_epochs=-1, max_steps=-1).fit(task, dm)
+
+
+def test_eval_step_runs_on_a_bf16_model() -> None:
+    """Lightning's ``bf16-true`` casts the weights: evaluation scores in their dtype
+    (an upcast of the states alone met bf16 item weights and failed)."""
+    torch.manual_seed(0)
+    task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
+    task = task.to(torch.bfloat16)
+    captured = {}
+
+    class Capture:
+        def update(self, scores, *args, **kwargs):
+            captured["scores"] = scores
+
+    batch = {
+        "input_ids": torch.randint(1, 201, (4, 20)),
+        "target": torch.randint(1, 201, (4,)),
+        "user": torch.arange(4),
+    }
+    with torch.no_grad():
+        task._eval_step(batch, Capture())  # type: ignore[arg-type]
+    assert captured["scores"].dtype == torch.float32
+    assert torch.isfinite(captured["scores"][:, 1:]).all()
