@@ -183,29 +183,40 @@ def test_mask_history_excludes_seen_items(tmp_path) -> None:
     assert results[True]["hr@10"] >= results[False]["hr@10"]
 
 
-def test_eval_scores_are_float32_under_bf16_autocast() -> None:
-    """Under bf16 autocast the encoder runs in bf16, but the score matrix that ranks
-    the target is a float32 product (a bf16 one ties many items with the target)."""
-    torch.manual_seed(0)
-    task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
+def eval_scores(task: SequentialRecommendation, batch: dict) -> torch.Tensor:
+    """The score matrix the task's evaluation step hands to its ranking metric."""
     captured = {}
 
     class Capture:
         def update(self, scores, *args, **kwargs):
             captured["scores"] = scores
 
-    batch = {
-        "input_ids": torch.randint(1, 201, (4, 20)),
-        "target": torch.randint(1, 201, (4,)),
-        "user": torch.arange(4),
-    }
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad():
         task._eval_step(batch, Capture())  # type: ignore[arg-type]
+    return captured["scores"]
+
+
+def eval_batch(num_items: int = 200, b: int = 4, t: int = 20) -> dict:
+    return {
+        "input_ids": torch.randint(1, num_items + 1, (b, t)),
+        "target": torch.randint(1, num_items + 1, (b,)),
+        "user": torch.arange(b),
+    }
+
+
+def test_eval_scores_are_float32_under_bf16_autocast() -> None:
+    """Under bf16 autocast the encoder runs in bf16, but the score matrix that ranks
+    the target is a float32 product (a bf16 one ties many items with the target)."""
+    torch.manual_seed(0)
+    task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
+    batch = eval_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        scores = eval_scores(task, batch)
         hidden, _ = task.model.last_hidden(batch["input_ids"])
     with torch.no_grad():
         want = task.model.score(hidden.float())  # outside autocast: float32 throughout
-    assert captured["scores"].dtype == torch.float32
-    torch.testing.assert_close(captured["scores"], want)
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, want)
 
 
 def test_precision_parameters_get_their_own_learning_rate() -> None:
@@ -240,19 +251,6 @@ def test_eval_step_runs_on_a_bf16_model() -> None:
     (an upcast of the states alone met bf16 item weights and failed)."""
     torch.manual_seed(0)
     task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
-    task = task.to(torch.bfloat16)
-    captured = {}
-
-    class Capture:
-        def update(self, scores, *args, **kwargs):
-            captured["scores"] = scores
-
-    batch = {
-        "input_ids": torch.randint(1, 201, (4, 20)),
-        "target": torch.randint(1, 201, (4,)),
-        "user": torch.arange(4),
-    }
-    with torch.no_grad():
-        task._eval_step(batch, Capture())  # type: ignore[arg-type]
-    assert captured["scores"].dtype == torch.float32
-    assert torch.isfinite(captured["scores"][:, 1:]).all()
+    scores = eval_scores(task.to(torch.bfloat16), eval_batch())
+    assert scores.dtype == torch.float32
+    assert torch.isfinite(scores[:, 1:]).all()
