@@ -40,7 +40,7 @@ __all__ = [
     "source_files",
 ]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: readers strip ids, reject empty ones, read 2014 Amazon CSVs and BOMs
 _SPLIT_SUFFIXES = (".train.inter", ".valid.inter", ".test.inter")
 
 

@@ -421,6 +421,13 @@ def encode_example(
     passage to a window that contains the answer). Then ``max_length`` is met
     by dropping distractors (last first), then cropping gold passages the same
     way. None if the answer itself cannot fit.
+
+    The first passage is encoded as the start of a document (a sentencepiece
+    tokenizer's start marker), the rest, the question and the answer as
+    continuations. When the first passage is a distractor dropped for length,
+    the passage that then follows BOS keeps its continuation encoding (one
+    token differs from running text); left so, since re-encoding it would
+    move its crop and answer span.
     """
     answer_text = ex.answers[0] if ex.answers else ""
     answer = (tok.encode(" " + answer_text) if answer_text else []) + [tok.eos_id]

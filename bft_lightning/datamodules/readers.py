@@ -527,8 +527,8 @@ def read_amazon(path: str | Path, kcore: int = 5) -> InteractionLog:
     JSON lines need ``reviewerID``, ``asin`` and ``unixReviewTime`` (2014 and
     2018 review files). CSV rows are ``item,user,rating,timestamp`` (the 2018
     "ratings only" files, no header), ``user,item,rating,timestamp`` (the 2014
-    ones, no header; recognised by the ASIN in the second column of the first
-    row) or have a header naming user / item / timestamp columns. Each user is
+    ones, no header; recognised by ASIN-shaped second columns in the first
+    rows) or have a header naming user / item / timestamp columns. Each user is
     sorted stably by time; then iterative ``kcore`` filtering (0 = off) keeps
     users and items with >= ``kcore`` interactions until nothing changes.
     """
@@ -538,6 +538,7 @@ def read_amazon(path: str | Path, kcore: int = 5) -> InteractionLog:
     first = next(lines, None)
     if first is None:
         raise ValueError(f"{path}: empty file (no interactions)")
+    first = (first[0], first[1].lstrip("\ufeff"))  # a BOM before the first record
     relined = _chain(first, lines)
     if first[1].startswith("{"):
         for lineno, line in relined:

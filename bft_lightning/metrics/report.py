@@ -32,6 +32,11 @@ STRATA: tuple[tuple[str, str], ...] = (
 
 
 # ----------------------------------------------------------------------------- files
+# read once, at import: os.umask can only be read by setting it (process-wide)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write via a temp file in ``path.parent`` then ``os.replace`` (no torn files), with
     the permissions a plain ``open`` would give (``mkstemp`` makes its file 0600)."""
@@ -41,9 +46,7 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -218,3 +218,14 @@ def test_kcore_needs_several_rounds():
 )
 def test_sniff_format(write, name, text, fmt):
     assert sniff_format(write(name, text)) == fmt
+
+
+def test_amazon_json_lines_after_a_bom(write):
+    """A BOM before the first review is not part of it: the file is still read as JSON
+    lines (it went to the CSV reader before)."""
+    rows = [("U0", "I0", 0), ("U0", "I1", 10)]
+    text = "".join(
+        json.dumps({"reviewerID": u, "asin": i, "unixReviewTime": t}) + "\n" for u, i, t in rows
+    )
+    log = read_amazon(write("reviews.json", "\ufeff" + text), kcore=0)
+    assert log.users == ["U0"] and log.sequences == [["I0", "I1"]]
