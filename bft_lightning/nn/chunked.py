@@ -75,34 +75,51 @@ def _key_spans(allowed: Tensor, chunk: int) -> list[Span]:
     ]
 
 
-def _block(
-    q: Tensor, kt: Tensor, bias: Tensor | None, allowed: Tensor, span: Span
-) -> tuple[Tensor, Tensor]:
-    """Weights (B, H, c, s1 - s0) of queries ``i0:i1`` over keys ``s0:s1`` and
-    the queries' has-key flag (B, 1, c, 1).
+def _block(qs: Tensor, kt: Tensor, allowed: Tensor, span: Span) -> tuple[Tensor, Tensor, Tensor]:
+    """Weights (B, H, c, s1 - s0) of queries ``i0:i1`` over keys ``s0:s1``, the
+    queries' has-key flag (B, 1, c, 1) and a free buffer of the weights' shape
+    (the scores', which the softmax leaves unused: scratch for the caller, so
+    that a block allocates one (c x s) tensor less; on a CPU each fresh one
+    costs page faults).
 
-    kt: the keys as (B * H, d_h, S), laid out once for all blocks.
+    qs, kt: the scaled queries and the keys as :func:`_scaled_queries` and
+    :func:`_keys` lay them out once for all blocks; one product gives the
+    scores with the bias added.
     """
     i0, i1, s0, s1 = span
-    b, h, _, dh = q.shape
+    b, h, _, dq = qs.shape
     s = s1 - s0
     c = i1 - i0
-    qc = q[:, :, i0:i1].reshape(b * h, c, dh)
-    kt = kt[:, :, s0:s1]
-    if bias is None:
-        scores = torch.bmm(qc, kt).mul_(1.0 / math.sqrt(dh))
-    else:
-        base = bias[..., s0:s1].reshape(b * h, 1, s).to(qc.dtype).expand(b * h, c, s)
-        scores = torch.baddbmm(base, qc, kt, alpha=1.0 / math.sqrt(dh))
+    scores = torch.bmm(qs[:, :, i0:i1].reshape(b * h, c, dq), kt[:, :, s0:s1])
     block = allowed[:, :, i0:i1, s0:s1]
     scores = scores.view(b, h, c, s).masked_fill_(~block, masked_value(scores.dtype))
     p = torch.softmax(scores, dim=-1)
-    return p, block.any(dim=-1, keepdim=True).to(p.dtype)
+    return p, block.any(dim=-1, keepdim=True).to(p.dtype), scores
 
 
-def _keys(k: Tensor) -> Tensor:
+def _scaled_queries(q: Tensor, with_bias: bool) -> Tensor:
+    """``q / sqrt(d_h)`` as a contiguous (B, H, T, d_h) tensor, with a column of
+    ones appended when a bias is given: against :func:`_keys`' bias row, the
+    score product then adds the bias itself (no pass over the (T x S) scores to
+    scale them or to add it), and in the backward ``ds^T @ qs`` gives the keys'
+    gradient and, in its last column, the bias gradient ``sum_i ds``."""
+    b, h, t, dh = q.shape
+    qs = q.new_empty(b, h, t, dh + int(with_bias))
+    torch.mul(q, 1.0 / math.sqrt(dh), out=qs[..., :dh])
+    if with_bias:
+        qs[..., dh] = 1.0
+    return qs
+
+
+def _keys(k: Tensor, bias: Tensor | None) -> Tensor:
+    """The keys as (B * H, d_h, S), with the per-key bias as an extra row (d_h + 1)."""
     b, h, s, dh = k.shape
-    return k.reshape(b * h, s, dh).transpose(1, 2)
+    if bias is None:
+        return k.reshape(b * h, s, dh).transpose(1, 2)
+    kb = k.new_empty(b, h, s, dh + 1)
+    kb[..., :dh] = k
+    kb[..., dh] = bias
+    return kb.view(b * h, s, dh + 1).transpose(1, 2)
 
 
 def _covers_all(spans: list[Span], t: int) -> bool:
@@ -206,8 +223,9 @@ class _ChunkedKriging(torch.autograd.Function):
         # one copy each into (B, H, T, d_h) order: the products below then read
         # them in place, here and in the backward (q, k, v arrive as transposed
         # views of the input projection, which every product would copy again)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        kt = _keys(k)
+        qs = _scaled_queries(q, bias is not None)
+        k, v = k.contiguous(), v.contiguous()
+        kt = _keys(k, bias)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         spans = _key_spans(allowed, chunk)
         whole = _covers_all(spans, t)
@@ -224,22 +242,27 @@ class _ChunkedKriging(torch.autograd.Function):
             if not whole:
                 out.zero_()
         keep_weights = keep_weights and len(spans) == 1
-        kept: list[Tensor | None] = [None, None, None]  # weights, has-key, dropout bits
+        kept: list[Tensor | None] = [None, None, None]  # weights, has-key, dropped weights
         for index, span in enumerate(spans):
             i0, i1, s0, s1 = span
             if s0 == s1:
                 continue
-            p, has_key = _block(q, kt, bias, allowed, span)
+            p, has_key, scratch = _block(qs, kt, allowed, span)
             torch.mul(p @ v_aug[:, :, s0:s1], has_key, out=e_aug[:, :, i0:i1])
-            torch.mul(torch.linalg.vecdot(p, p), has_key[..., 0], out=sum_p_sq[:, :, i0:i1])
-            bits = None
+            p_sq = torch.mul(p, p, out=scratch).sum(dim=-1)
+            torch.mul(p_sq, has_key[..., 0], out=sum_p_sq[:, :, i0:i1])
+            dropped = None
             if out is not None:
+                # the kept weights unscaled (p m, into the scratch buffer); the factor
+                # 2^16 / n goes on the (c x d_h) product
                 bits, factor = _keep_bits(p, dropout_p, seed, index)
-                dropped = bits.to(p.dtype).mul_(factor).mul_(p)
-                torch.mul(dropped @ v[:, :, s0:s1], has_key, out=out[:, :, i0:i1])
+                dropped = torch.mul(p, bits, out=scratch)
+                torch.mul(dropped @ v[:, :, s0:s1], has_key * factor, out=out[:, :, i0:i1])
             if keep_weights:
-                kept = [p, has_key, bits]
-        ctx.save_for_backward(q, k, v, bias, allowed, *kept)  # type: ignore[arg-type]
+                kept = [p, has_key, dropped]
+        # the outputs too: the backward's row sums sum_j p_j G_j come from them
+        # (sum_j p_j (g_e . [v_j, ..]) = g_e . e, as FlashAttention's rowsum(dO * O))
+        ctx.save_for_backward(qs, k, v, bias, allowed, sum_p_sq, e_aug, out, *kept)  # type: ignore[arg-type]
         ctx.set_materialize_grads(False)  # an unused output costs nothing in the backward
         ctx.dropout_p, ctx.spans, ctx.seed = dropout_p, spans, seed  # type: ignore[attr-defined]
         if out is None:
@@ -255,14 +278,16 @@ class _ChunkedKriging(torch.autograd.Function):
         g_p: Tensor | None,
     ) -> tuple[Tensor | None, ...]:
         saved = ctx.saved_tensors  # type: ignore[attr-defined]
-        q, k, v, bias, allowed = saved[:5]
-        kept_p, kept_has_key, kept_bits = saved[5:]  # None unless one block was kept
+        qs, k, v, bias, allowed, sum_p_sq, e_aug, out = saved[:8]
+        kept_p, kept_has_key, kept_dropped = saved[8:]  # None unless one block was kept
         dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
         spans: list[Span] = ctx.spans  # type: ignore[attr-defined]
         seed: int = ctx.seed  # type: ignore[attr-defined]
-        dh, dv = q.shape[3], v.shape[3]
+        dh, dv = k.shape[3], v.shape[3]
         scale = 1.0 / math.sqrt(dh)
-        kt = _keys(k)
+        factor = _keep_factor(dropout_p)
+        q_like = qs[..., :dh]  # the shape of q's gradient
+        kt = _keys(k, bias) if kept_p is None else k  # the keys only to recompute weights
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         # gradients start as None: a block that covers the whole tensor sets it
         # (no zeros, no copy), others add into zeros (_accumulate)
@@ -274,54 +299,76 @@ class _ChunkedKriging(torch.autograd.Function):
         want_bias = bias is not None and needs_grad[3]
         if g_out is not None and dropout_p == 0:
             # without dropout the output is the estimate: one product serves both
-            g_e = q.new_zeros(*q.shape[:3], dv + 1) if g_e is None else g_e.clone()
+            g_e = q_like.new_zeros(*q_like.shape[:3], dv + 1) if g_e is None else g_e.clone()
             g_e[..., :-1] += g_out
             g_out = None
         for index, span in enumerate(spans):
             i0, i1, s0, s1 = span
             if s0 == s1:
                 continue
+            dropped: Tensor | None = None
+            scratch: Tensor | None = None
             if kept_p is not None and kept_has_key is not None:
-                p, has_key = kept_p, kept_has_key
+                p, has_key, dropped = kept_p, kept_has_key, kept_dropped
             else:
-                p, has_key = _block(q, kt, bias, allowed, span)
-            grad_p: Tensor | None = None
+                p, has_key, scratch = _block(qs, kt, allowed, span)
+            # dL/ds = p * (G - c) with G_j = A_j + 2 g_P p_j + m_j f B_j and
+            # c = sum_k p_k G_k, where A = g_e [v, ||v||^2/d_h]^T, B = g_out v^T and
+            # m f the dropout multiplier (bits m, factor f): the dropout term is
+            # (p m) * (f B), so no float mask is formed and the factor goes on g_out.
+            # c is read off the outputs: sum_k p_k A_k = g_e . e and
+            # sum_k p_k m_k f B_k = g_out . out, (c x d_h) dot products, no (c x s) pass
+            grad_s: Tensor | None = None  # A, then A + 2 g_P p: what multiplies p
+            c: Tensor | None = None
             if g_e is not None:
                 ge = g_e[:, :, i0:i1] * has_key
-                grad_p = ge @ v_aug[:, :, s0:s1].transpose(-1, -2)
+                grad_s = ge @ v_aug[:, :, s0:s1].transpose(-1, -2)
                 dv_aug = _accumulate(dv_aug, v_aug, (s0, s1), p.transpose(-1, -2) @ ge)
+                c = torch.linalg.vecdot(ge, e_aug[:, :, i0:i1])
+            if g_p is not None:
+                gp2 = (2.0 * g_p[:, :, i0:i1, None]) * has_key  # (B, H, c, 1)
+                grad_s = p * gp2 if grad_s is None else grad_s.addcmul_(p, gp2)
+                from_p = gp2[..., 0] * sum_p_sq[:, :, i0:i1]
+                c = from_p if c is None else c.add_(from_p)
+            from_out = None
             if g_out is not None:  # with dropout (otherwise folded into g_e above)
+                assert out is not None
                 # contiguous, so both products below read it in place (g_out comes
                 # heads last, from the merge of the heads after this function)
-                go = torch.mul(g_out[:, :, i0:i1], has_key, out=p.new_empty(*p.shape[:3], dv))
-                if kept_bits is not None:
-                    mask = kept_bits.to(p.dtype).mul_(_keep_factor(dropout_p))
-                else:
-                    mask = _keep_mask(p, dropout_p, seed, index)
-                dv_aug = _accumulate(
-                    dv_aug, v_aug, (s0, s1), (mask * p).transpose(-1, -2) @ go, channels=dv
+                go = torch.mul(
+                    g_out[:, :, i0:i1], has_key * factor, out=p.new_empty(*p.shape[:3], dv)
                 )
-                from_out = (go @ v[:, :, s0:s1].transpose(-1, -2)).mul_(mask)
-                grad_p = from_out if grad_p is None else grad_p.add_(from_out)
-            if g_p is not None:
-                from_p = (2.0 * g_p[:, :, i0:i1, None] * has_key) * p
-                grad_p = from_p if grad_p is None else grad_p.add_(from_p)
-            if grad_p is None:
+                if dropped is None:
+                    bits = _keep_bits(p, dropout_p, seed, index)[0]
+                    dropped = torch.mul(p, bits, out=scratch) if scratch is not None else p * bits
+                dv_aug = _accumulate(
+                    dv_aug, v_aug, (s0, s1), dropped.transpose(-1, -2) @ go, channels=dv
+                )
+                from_out = go @ v[:, :, s0:s1].transpose(-1, -2)
+                c_out = torch.linalg.vecdot(g_out[:, :, i0:i1], out[:, :, i0:i1])
+                c = c_out if c is None else c.add_(c_out)
+            if c is None:
                 continue
-            # ds = p * (G - sum_k p_k G_k), in place on G
-            ds = grad_p.sub_(torch.linalg.vecdot(p, grad_p).unsqueeze(-1)).mul_(p)
+            if grad_s is None:
+                ds = p * c.neg_().unsqueeze(-1)
+            else:
+                ds = grad_s.sub_(c.unsqueeze(-1)).mul_(p)
+            if dropped is not None and from_out is not None:
+                ds.addcmul_(dropped, from_out)
             # the gradients of q and k laid out heads last, as the input projection's
-            # output they flow back into (so autograd merges their heads as a view)
-            dq = _accumulate(dq, q, (i0, i1), ds @ k[:, :, s0:s1], scale=scale, heads_last=True)
-            dk = _accumulate(
-                dk, k, (s0, s1), ds.transpose(-1, -2) @ q[:, :, i0:i1], scale=scale,
-                heads_last=True,
-            )  # fmt: skip
+            # output they flow back into (so autograd merges their heads as a view);
+            # ds^T @ qs is the keys' gradient (qs holds q / sqrt(d_h)) and, with a
+            # bias, the bias gradient sum_i ds in its last column
+            dq = _accumulate(
+                dq, q_like, (i0, i1), ds @ k[:, :, s0:s1], scale=scale, heads_last=True
+            )
+            dk_b = ds.transpose(-1, -2) @ qs[:, :, i0:i1]
+            dk = _accumulate(dk, k, (s0, s1), dk_b[..., :dh], heads_last=True)
             if want_bias:
                 assert bias is not None
-                dbias = _accumulate(dbias, bias, (s0, s1), ds.sum(-2), rows_dim=-1)
+                dbias = _accumulate(dbias, bias, (s0, s1), dk_b[..., dh], rows_dim=-1)
         if dq is None:
-            dq = _heads_last(q).zero_()
+            dq = _heads_last(q_like).zero_()
         if dk is None:
             dk = _heads_last(k).zero_()
         if want_bias and dbias is None:

@@ -389,14 +389,96 @@ def activation_jacobian_product(a: Tensor, m: Tensor, activation: str) -> Tensor
     return _ActivationJacobianProduct.apply(a, m, activation)
 
 
+_BLOCK_ELEMENTS = 1 << 18  # a row block of (B T, F) work: 1 MB in float32, cache-sized
+
+
+def _row_blocks(n: int, f: int, device: torch.device) -> int:
+    """Rows per block for (n, f) elementwise work: cache-sized blocks on a CPU,
+    one block elsewhere (a GPU's kernels want the whole tensor)."""
+    return max(1, min(n, _BLOCK_ELEMENTS // max(f, 1))) if device.type == "cpu" else max(n, 1)
+
+
+def _gelu_jacobian_forward(a: Tensor, m: Tensor) -> Tensor:
+    """``phi'(a) @ M`` for ``a`` (N, F), ``M`` (F, G) float32: (N, G) float32.
+
+    ``phi'(a)`` is PyTorch's fused exact-GELU backward kernel with a gradient of
+    ones, evaluated a row block at a time into one reused buffer and multiplied
+    into the output block by block: the (N, F) derivative is never allocated
+    (on a CPU a fresh FFN-sized buffer costs more in page faults and memory
+    traffic than the kernel itself).
+    """
+    n, f = a.shape
+    rows = _row_blocks(n, f, a.device)
+    out = m.new_empty(n, m.shape[1])
+    ones = torch.ones(rows, f, dtype=m.dtype, device=a.device)
+    buf = torch.empty_like(ones)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        c = r1 - r0
+        _gelu_backward_into(ones[:c], upcast(a[r0:r1]), buf[:c])
+        torch.mm(buf[:c], m, out=out[r0:r1])
+    return out
+
+
+def _gelu_backward_into(grad: Tensor, a: Tensor, out: Tensor) -> Tensor:
+    """``grad * phi'(a)`` of the exact GELU into ``out`` (one fused kernel)."""
+    return torch.ops.aten.gelu_backward.grad_input(grad, a, approximate="none", grad_input=out)
+
+
+def _gelu_jacobian_backward(
+    a: Tensor, m: Tensor, g_act: Tensor | None, g_jac: Tensor | None, needs_a: bool, needs_m: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """Gradients of ``(gelu(a), phi'(a) @ M)`` for ``a`` (N, F), ``M`` (F, G):
+    ``da = g_act phi'(a) + (g_jac M^T) phi''(a)`` (float32, N x F) and
+    ``dM = phi'(a)^T g_jac``, a row block at a time as in the forward.
+
+    ``g_act phi'(a)`` is GELU's own fused backward kernel, written straight into
+    ``da``; ``phi''(a) = phi(a) (2 - a^2) = (2 / sqrt(2 pi)) e^s (1 + s)`` with
+    ``s = -a^2 / 2``, its constant folded into ``M``. Every temporary is a
+    block-sized buffer reused across blocks.
+    """
+    n, f = a.shape
+    rows = _row_blocks(n, f, a.device)
+    f32 = m.dtype
+    grad_a = torch.empty(n, f, dtype=f32, device=a.device) if needs_a else None
+    grad_m = m.new_zeros(m.shape) if needs_m and g_jac is not None else None
+    if grad_a is None and grad_m is None:
+        return None, None
+    ones = torch.ones(rows, f, dtype=f32, device=a.device) if grad_m is not None else None
+    buf = torch.empty(rows, f, dtype=f32, device=a.device)
+    expo = torch.empty_like(buf)
+    m_t = m.t() * (2.0 * _INV_SQRT_2PI)  # (G, F), with the constant of phi'' folded in
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        c = r1 - r0
+        ac = upcast(a[r0:r1])
+        if grad_a is not None:
+            if g_act is not None:
+                _gelu_backward_into(upcast(g_act[r0:r1]), ac, grad_a[r0:r1])
+            else:
+                grad_a[r0:r1].zero_()
+        if g_jac is None:
+            continue
+        gj = g_jac[r0:r1]
+        if grad_m is not None and ones is not None:
+            grad_m.addmm_(_gelu_backward_into(ones[:c], ac, buf[:c]).t(), gj)
+        if grad_a is not None:
+            s = torch.mul(ac, ac, out=buf[:c]).mul_(-0.5)  # s = -a^2 / 2
+            e = torch.exp(s, out=expo[:c]).mul_(s.add_(1.0))  # e^s (1 + s)
+            grad_a[r0:r1].addcmul_(torch.mm(gj, m_t, out=buf[:c]), e)
+    return grad_a, grad_m
+
+
 class _GeluWithJacobian(torch.autograd.Function):
     """``gelu(a)`` and ``phi'(a) @ M`` in one Function that shares ``phi'(a)``.
 
     Separately, the backward evaluates ``phi'(a)`` twice over (B, T, F): once
     inside GELU's own backward (``grad * phi'(a)``, a fused kernel) and once
-    for ``M``'s gradient. Here it is evaluated once and GELU's gradient is a
-    product with it: ``da = g_act phi'(a) + (g_jac M^T) phi''(a)``,
-    ``dM = phi'(a)^T g_jac``. Keeps ``a`` and ``M`` only, like GELU itself.
+    for ``M``'s gradient. Here GELU's gradient is its own fused kernel and
+    ``phi'(a)`` is evaluated once more for ``M``'s:
+    ``da = g_act phi'(a) + (g_jac M^T) phi''(a)``, ``dM = phi'(a)^T g_jac``.
+    Keeps ``a`` and ``M`` only, like GELU itself; the derivative work runs in
+    cache-sized row blocks (:func:`_gelu_jacobian_forward`).
     """
 
     @staticmethod
@@ -405,7 +487,9 @@ class _GeluWithJacobian(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         act = F.gelu(a)  # as the FFN computes it, under autocast too
         with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
-            return act, _activation_derivative_eager(a, "gelu") @ upcast(m)
+            mf = upcast(m)
+            jac = _gelu_jacobian_forward(a.reshape(-1, a.shape[-1]), mf)
+            return act, jac.view(*a.shape[:-1], mf.shape[1])
 
     @staticmethod
     @once_differentiable
@@ -414,15 +498,20 @@ class _GeluWithJacobian(torch.autograd.Function):
     ) -> tuple[Tensor | None, Tensor | None]:
         a, m = ctx.saved_tensors
         needs_a, needs_m = ctx.needs_input_grad
-        dphi = _activation_derivative_eager(a, "gelu")  # float32 (B, T, F)
-        grad_a = grad_m = None
-        if needs_a:
-            grad_a = dphi * g_act if g_act is not None else torch.zeros_like(dphi)
-            if g_jac is not None:
-                grad_a.addcmul_(g_jac @ upcast(m).t(), _gelu_second_derivative(upcast(a)))
-            grad_a = grad_a.to(a.dtype)
-        if needs_m and g_jac is not None:
-            grad_m = dphi.reshape(-1, dphi.shape[-1]).t() @ g_jac.reshape(-1, g_jac.shape[-1])
+        mf = upcast(m)
+        f = a.shape[-1]
+        grad_a, grad_m = _gelu_jacobian_backward(
+            a.reshape(-1, f),
+            mf,
+            None if g_act is None else g_act.reshape(-1, f),
+            None if g_jac is None else g_jac.reshape(-1, mf.shape[1]),
+            needs_a,
+            needs_m,
+        )
+        if grad_a is not None:
+            grad_a = grad_a.view(a.shape).to(a.dtype)
+        if grad_m is not None:
+            grad_m = grad_m.to(m.dtype)
         return grad_a, grad_m
 
 

@@ -230,11 +230,17 @@ def _assert_keeps_only_a(call, a: torch.Tensor) -> None:
     assert len(big) == 1 and big[0] is a
 
 
+@pytest.mark.parametrize("block", [None, 36])
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
-def test_activation_with_jacobian_equals_separate_ops(activation: str) -> None:
+def test_activation_with_jacobian_equals_separate_ops(
+    activation: str, block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """phi(a) and phi'(a) @ M from one Function: the values and gradients of the
     activation and the Jacobian product computed apart (float64, gradcheck), also
-    when only one of the two outputs is used."""
+    when only one of the two outputs is used; with ``block`` the GELU path works
+    in row blocks of 3 rows (10 rows: blocks 3, 3, 3, 1), as on a CPU at scale."""
+    if block is not None:
+        monkeypatch.setattr(BF, "_BLOCK_ELEMENTS", block)
     a = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
     m = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
     act, jac = BF.activation_with_jacobian(a, m, activation)
