@@ -217,7 +217,7 @@ class _ChunkedKriging(torch.autograd.Function):
         chunk: int,
         seed: int,
         keep_weights: bool,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         b, h, t, _ = q.shape
         dv = v.shape[-1]
         # one copy each into (B, H, T, d_h) order: the products below then read
@@ -262,33 +262,37 @@ class _ChunkedKriging(torch.autograd.Function):
                 kept = [p, has_key, dropped]
         # the outputs too: the backward's row sums sum_j p_j G_j come from them
         # (sum_j p_j (g_e . [v_j, ..]) = g_e . e, as FlashAttention's rowsum(dO * O))
-        ctx.save_for_backward(qs, k, v, bias, allowed, sum_p_sq, e_aug, out, *kept)  # type: ignore[arg-type]
+        # v_aug rather than v: the backward reads v as its view
+        ctx.save_for_backward(qs, k, v_aug, bias, allowed, sum_p_sq, e_aug, out, *kept)  # type: ignore[arg-type]
         ctx.set_materialize_grads(False)  # an unused output costs nothing in the backward
         ctx.dropout_p, ctx.spans, ctx.seed = dropout_p, spans, seed  # type: ignore[attr-defined]
         if out is None:
             out = _heads_last(q, dv).copy_(e_aug[..., :-1])
-        return out, e_aug, sum_p_sq
+        # the estimate and the second moment as two outputs (views of e_aug): their
+        # gradients arrive apart, with no zero-filled (B, H, T, d_h + 1) tensor each
+        return out, e_aug[..., :-1], e_aug[..., -1], sum_p_sq
 
     @staticmethod
     @once_differentiable
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx,
         g_out: Tensor | None,
-        g_e: Tensor | None,
+        g_est: Tensor | None,
+        g_m2: Tensor | None,
         g_p: Tensor | None,
     ) -> tuple[Tensor | None, ...]:
         saved = ctx.saved_tensors  # type: ignore[attr-defined]
-        qs, k, v, bias, allowed, sum_p_sq, e_aug, out = saved[:8]
+        qs, k, v_aug, bias, allowed, sum_p_sq, e_aug, out = saved[:8]
         kept_p, kept_has_key, kept_dropped = saved[8:]  # None unless one block was kept
         dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
         spans: list[Span] = ctx.spans  # type: ignore[attr-defined]
         seed: int = ctx.seed  # type: ignore[attr-defined]
-        dh, dv = k.shape[3], v.shape[3]
+        dh, dv = k.shape[3], v_aug.shape[3] - 1
         scale = 1.0 / math.sqrt(dh)
         factor = _keep_factor(dropout_p)
         q_like = qs[..., :dh]  # the shape of q's gradient
         kt = _keys(k, bias) if kept_p is None else k  # the keys only to recompute weights
-        v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
+        v = v_aug[..., :-1]
         # gradients start as None: a block that covers the whole tensor sets it
         # (no zeros, no copy), others add into zeros (_accumulate)
         dq: Tensor | None = None
@@ -297,9 +301,18 @@ class _ChunkedKriging(torch.autograd.Function):
         dbias: Tensor | None = None
         needs_grad: tuple[bool, ...] = ctx.needs_input_grad  # type: ignore[attr-defined]
         want_bias = bias is not None and needs_grad[3]
-        if g_out is not None and dropout_p == 0:
+        # the gradient of [estimate, second moment] as one (B, H, T, d_h + 1) tensor
+        g_e: Tensor | None = None
+        fold = g_out is not None and dropout_p == 0
+        if g_est is not None or g_m2 is not None or fold:
+            g_e = q_like.new_empty(*q_like.shape[:3], dv + 1)
+            for part, grad in ((g_e[..., :-1], g_est), (g_e[..., -1], g_m2)):
+                if grad is None:
+                    part.zero_()
+                else:
+                    part.copy_(grad)
+        if fold and g_e is not None and g_out is not None:
             # without dropout the output is the estimate: one product serves both
-            g_e = q_like.new_zeros(*q_like.shape[:3], dv + 1) if g_e is None else g_e.clone()
             g_e[..., :-1] += g_out
             g_out = None
         for index, span in enumerate(spans):
@@ -419,7 +432,7 @@ def chunked_attention(
     # under autocast the kept weights would be in the autocast dtype while the
     # backward's incoming gradients are not: recompute there
     keep_weights = keep_weights and not torch.is_autocast_enabled(q.device.type)
-    out, e_aug, sum_p_sq = _ChunkedKriging.apply(
+    out, estimate, second_moment, sum_p_sq = _ChunkedKriging.apply(
         q, k, v, bias, allowed, float(dropout_p), int(chunk_size), seed, bool(keep_weights)
     )
-    return out, e_aug[..., :-1], e_aug[..., -1], sum_p_sq
+    return out, estimate, second_moment, sum_p_sq

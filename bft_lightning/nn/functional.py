@@ -199,6 +199,27 @@ def keep_float32_(module: torch.nn.Module, names: tuple[str, ...] = ("sill", "rh
 
 
 @torch.no_grad()
+def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
+    """Per head: the sum and the sum of squares of the valid values, the count N,
+    then the per-channel sums (H, d_h) flattened; float64.
+
+    values: (B, H, T, d_h); valid: (B, T) or None (all valid). The sums are
+    products of the 0/1 weights with the values as a (B T, H d_h) float64 matrix
+    (a view of the in-projection's output, widened): no gather
+    of the valid rows.
+    """
+    b, h, t, dh = values.shape
+    f64 = torch.float64
+    rows = values.transpose(1, 2).reshape(b * t, h * dh).to(f64)
+    if valid is None:
+        w = torch.ones(1, b * t, dtype=f64, device=values.device)
+    else:
+        w = valid.to(f64).view(1, b * t)
+    per_channel = torch.mm(w, rows).view(h, dh)
+    per_head_sq = torch.mm(w, rows * rows).view(h, dh).sum(dim=1)  # rows may be the input
+    return torch.cat([per_channel.sum(dim=1), per_head_sq, w.sum().view(1), per_channel.flatten()])
+
+
 def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: float) -> None:
     """In place: ``s0^2 <- (1 - m) s0^2 + m Var(v)``, the values' per-head variance.
 
@@ -210,12 +231,9 @@ def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: 
     run its training forwards in step, as DDP does).
     values: (B, H, T, d_h); valid: (B, T); sill: (H,).
     """
-    v = values.transpose(1, 2)[valid].double()  # (N, H, d_h): select, then widen
-    moments = torch.cat(
-        [v.sum(dim=(0, 2)), v.square().sum(dim=(0, 2)), v.new_tensor([float(v.shape[0])])]
-    )  # per head: sum, sum of squares; then the count N
-    per_head = v.sum(dim=0)  # (H, d_h): needed for ||mean v||^2
-    moments = torch.cat([moments, per_head.flatten()])
+    moments = _sill_moments(values, valid)
+    if not bool(torch.isfinite(moments).all()):  # non-finite values at padding: select
+        moments = _sill_moments(values.transpose(1, 2)[valid].unsqueeze(0).transpose(1, 2), None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(moments)
@@ -348,7 +366,7 @@ class _ActivationJacobianProduct(torch.autograd.Function):
     def forward(ctx, a: Tensor, m: Tensor, activation: str) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(a, m)
         ctx.activation = activation
-        return _activation_derivative_eager(a, activation) @ m
+        return matmul_few_columns(_activation_derivative_eager(a, activation), m)
 
     @staticmethod
     @once_differentiable
@@ -358,7 +376,7 @@ class _ActivationJacobianProduct(torch.autograd.Function):
         grad_a = grad_m = None
         if needs_m:
             dphi = _activation_derivative_eager(a, ctx.activation)
-            grad_m = dphi.reshape(-1, dphi.shape[-1]).t() @ grad.reshape(-1, grad.shape[-1])
+            grad_m = gram_few_columns(dphi, grad)
         if needs_a and ctx.activation == "gelu":  # relu: phi'' = 0, no gradient to a
             grad_a = (grad @ m.t()).mul_(_gelu_second_derivative(upcast(a))).to(a.dtype)
         return grad_a, grad_m, None
@@ -409,15 +427,16 @@ def _gelu_jacobian_forward(a: Tensor, m: Tensor) -> Tensor:
     """
     n, f = a.shape
     rows = _row_blocks(n, f, a.device)
-    out = m.new_empty(n, m.shape[1])
+    out_t = m.new_empty(m.shape[1], n)  # (G, N): see matmul_few_columns
     ones = torch.ones(rows, f, dtype=m.dtype, device=a.device)
     buf = torch.empty_like(ones)
+    m_t = m.t()
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         c = r1 - r0
         _gelu_backward_into(ones[:c], upcast(a[r0:r1]), buf[:c])
-        torch.mm(buf[:c], m, out=out[r0:r1])
-    return out
+        torch.mm(m_t, buf[:c].t(), out=out_t[:, r0:r1])
+    return out_t.t()
 
 
 def _gelu_backward_into(grad: Tensor, a: Tensor, out: Tensor) -> Tensor:
@@ -432,41 +451,49 @@ def _gelu_jacobian_backward(
     ``da = g_act phi'(a) + (g_jac M^T) phi''(a)`` (float32, N x F) and
     ``dM = phi'(a)^T g_jac``, a row block at a time as in the forward.
 
-    ``g_act phi'(a)`` is GELU's own fused backward kernel, written straight into
-    ``da``; ``phi''(a) = phi(a) (2 - a^2) = (2 / sqrt(2 pi)) e^s (1 + s)`` with
-    ``s = -a^2 / 2``, its constant folded into ``M``. Every temporary is a
-    block-sized buffer reused across blocks.
+    ``phi'(a)`` is PyTorch's fused GELU-backward kernel with a gradient of ones,
+    evaluated once per block for both ``g_act phi'(a)`` (a product) and ``dM``
+    (when only ``g_act`` is given, GELU's own backward kernel); ``phi''(a) =
+    phi(a) (2 - a^2) = (2 / sqrt(2 pi)) e^s (1 + s)`` with ``s = -a^2 / 2``, its
+    constant folded into ``M``. Every temporary is a block-sized buffer reused
+    across blocks.
     """
     n, f = a.shape
     rows = _row_blocks(n, f, a.device)
     f32 = m.dtype
     grad_a = torch.empty(n, f, dtype=f32, device=a.device) if needs_a else None
-    grad_m = m.new_zeros(m.shape) if needs_m and g_jac is not None else None
-    if grad_a is None and grad_m is None:
+    grad_m_t = m.new_zeros(m.shape[1], f) if needs_m and g_jac is not None else None  # (G, F)
+    if grad_a is None and grad_m_t is None:
         return None, None
-    ones = torch.ones(rows, f, dtype=f32, device=a.device) if grad_m is not None else None
-    buf = torch.empty(rows, f, dtype=f32, device=a.device)
-    expo = torch.empty_like(buf)
+    dphi_needed = grad_m_t is not None or (grad_a is not None and g_act is not None)
+    ones = torch.ones(rows, f, dtype=f32, device=a.device) if dphi_needed else None
+    dphi = torch.empty(rows, f, dtype=f32, device=a.device)
+    buf = torch.empty_like(dphi)
+    expo = torch.empty_like(dphi)
     m_t = m.t() * (2.0 * _INV_SQRT_2PI)  # (G, F), with the constant of phi'' folded in
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         c = r1 - r0
         ac = upcast(a[r0:r1])
-        if grad_a is not None:
-            if g_act is not None:
+        gj = None if g_jac is None else g_jac[r0:r1]
+        if ones is not None:
+            if gj is None and grad_a is not None and g_act is not None:  # GELU's gradient only
                 _gelu_backward_into(upcast(g_act[r0:r1]), ac, grad_a[r0:r1])
-            else:
-                grad_a[r0:r1].zero_()
-        if g_jac is None:
+                continue
+            _gelu_backward_into(ones[:c], ac, dphi[:c])
+        if grad_m_t is not None and gj is not None:  # dM^T += g^T phi'(a), as in the forward
+            grad_m_t.addmm_(gj.t(), dphi[:c])
+        if grad_a is None:
             continue
-        gj = g_jac[r0:r1]
-        if grad_m is not None and ones is not None:
-            grad_m.addmm_(_gelu_backward_into(ones[:c], ac, buf[:c]).t(), gj)
-        if grad_a is not None:
+        if g_act is not None:
+            torch.mul(upcast(g_act[r0:r1]), dphi[:c], out=grad_a[r0:r1])
+        else:
+            grad_a[r0:r1].zero_()
+        if gj is not None:
             s = torch.mul(ac, ac, out=buf[:c]).mul_(-0.5)  # s = -a^2 / 2
             e = torch.exp(s, out=expo[:c]).mul_(s.add_(1.0))  # e^s (1 + s)
             grad_a[r0:r1].addcmul_(torch.mm(gj, m_t, out=buf[:c]), e)
-    return grad_a, grad_m
+    return grad_a, None if grad_m_t is None else grad_m_t.t()
 
 
 class _GeluWithJacobian(torch.autograd.Function):
@@ -531,6 +558,24 @@ def activation_with_jacobian(a: Tensor, m: Tensor, activation: str) -> tuple[Ten
     act = F.gelu(a) if activation == "gelu" else F.relu(a)
     with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
         return act, activation_jacobian_product(a, upcast(m), activation)
+
+
+def matmul_few_columns(x: Tensor, m: Tensor) -> Tensor:
+    """``x @ m`` for ``x`` (..., F) and ``m`` (F, G) with few columns ``G`` (the
+    Jacobian products' group counts), returned as (..., G) (a transposed view).
+
+    Computed as ``(m^T x^T)^T``: the same sums, but a (G, F) x (F, N) product,
+    which the CPU BLAS runs ~5x faster than an (N, F) x (F, G) one with a G-wide
+    output (measured with G = 2 at (6400, 256): 0.43 against 2.0 ms).
+    """
+    f = x.shape[-1]
+    return torch.mm(m.t(), x.reshape(-1, f).t()).t().view(*x.shape[:-1], m.shape[1])
+
+
+def gram_few_columns(x: Tensor, g: Tensor) -> Tensor:
+    """``x^T @ g`` (F, G) for ``x`` (..., F) and ``g`` (..., G) with few columns,
+    computed as ``(g^T x)^T`` for the reason given in :func:`matmul_few_columns`."""
+    return torch.mm(g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1])).t()
 
 
 def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:

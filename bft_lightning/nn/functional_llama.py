@@ -164,11 +164,8 @@ class _SwigluJacobianProduct(torch.autograd.Function):
             m1f, m3f = m1.detach().to(af.dtype), m3.detach().to(af.dtype)
             s = torch.sigmoid(af)
             weighted_gate = BF.silu_derivative(af, s).mul_(bf)
-            return torch.addmm(
-                ((af * s) @ m3f).reshape(-1, m3.shape[-1]),  # silu(a) @ M3
-                weighted_gate.reshape(-1, weighted_gate.shape[-1]),
-                m1f,
-            ).reshape(*a.shape[:-1], m1.shape[-1])
+            # silu(a) @ M3 + (silu'(a) b) @ M1, each as a product with few columns
+            return BF.matmul_few_columns(af * s, m3f) + BF.matmul_few_columns(weighted_gate, m1f)
 
     @staticmethod
     @once_differentiable
@@ -188,12 +185,11 @@ class _SwigluJacobianProduct(torch.autograd.Function):
         s = torch.sigmoid(af)
         d1 = BF.silu_derivative(af, s)
         g2 = grad.reshape(-1, grad.shape[-1])
-        flat = (-1, a.shape[-1])
         grad_a = grad_b = grad_m1 = grad_m3 = None
         if need_m1:
-            grad_m1 = ((d1 * bf).reshape(flat).t() @ g2).to(m1.dtype)
+            grad_m1 = BF.gram_few_columns(d1 * bf, g2).to(m1.dtype)
         if need_m3:
-            grad_m3 = ((af * s).reshape(flat).t() @ g2).to(m3.dtype)
+            grad_m3 = BF.gram_few_columns(af * s, g2).to(m3.dtype)
         if need_a or need_b:
             via_m1 = grad @ m1f.t()  # (B, T, F)
             if need_b:

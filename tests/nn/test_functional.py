@@ -275,3 +275,27 @@ def test_activation_with_jacobian_equals_separate_ops(
             lambda x, y: BF.activation_with_jacobian(x, y, "gelu"), (a, m)
         )
         _assert_keeps_only_a(lambda: BF.activation_with_jacobian(a, m, activation), a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("pad_value", [0.0, 7.0, float("inf"), float("nan")])
+def test_running_sill_update_is_the_valid_values_variance(pad_value: float, dtype) -> None:
+    """The sill moves toward the per-head variance of the valid values only
+    (``mean ||v_j - mean v||^2 / d_h`` over valid positions, float64 reference),
+    whatever the values at padded positions hold, non-finite ones included; the
+    values themselves are left as they were."""
+    torch.manual_seed(0)
+    b, h, t, dh = 3, 2, 7, 4
+    scale = torch.tensor([1.0, 3.0], dtype=dtype).view(1, 1, h, 1)
+    base = torch.randn(b, t, h, dh, dtype=dtype) * scale + 0.5
+    values = base.transpose(1, 2)  # (B, H, T, d_h) as a view, as the layers pass it
+    valid = torch.rand(b, t) > 0.3
+    valid[0, 0] = False
+    values[0, :, 0] = pad_value
+    before = values.clone()
+    v = values.transpose(1, 2)[valid].double()  # (N, H, d_h)
+    want_var = (v - v.mean(dim=0)).square().sum(dim=(0, 2)) / (v.shape[0] * dh)
+    sill = torch.ones(h, dtype=dtype)
+    BF.update_running_sill_(sill, values, valid, momentum=0.25)
+    torch.testing.assert_close(sill.double(), 0.75 + 0.25 * want_var, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(values, before, equal_nan=True, rtol=0, atol=0)
