@@ -427,9 +427,11 @@ def torch_topk_tiled(
             torch.amax(tile.view(c, group, stride), dim=1, out=maxima[:c, t])  # (c, stride)
         best = topk_rows(maxima[:c].view(c, groups), k)[1]  # (c, k) group ids
         per = max(1, RESCORE_ELEMENTS // (k * group * d))  # users per gather of candidates
+        # each user's row against its candidates: (1, d) @ (d, k group), a product the
+        # CPU BLAS runs ~7x faster than the same sums as (k group, d) @ (d, 1)
         cand = torch.cat(
             [
-                torch.bmm(by_group[b].flatten(1, 2), v.unsqueeze(-1)).squeeze(-1)
+                torch.bmm(v.unsqueeze(1), by_group[b].flatten(1, 2).transpose(1, 2)).squeeze(1)
                 for b, v in zip(best.split(per), u.split(per))
             ]
         )  # (c, k group)

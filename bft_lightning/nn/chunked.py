@@ -227,7 +227,9 @@ class _ChunkedKriging(torch.autograd.Function):
         k, v = k.contiguous(), v.contiguous()
         kt = _keys(k, bias)
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
-        spans = _key_spans(allowed, chunk)
+        # one block (T <= chunk): all keys, no span search (rows without a key come
+        # out 0 through has_key all the same)
+        spans = _key_spans(allowed, chunk) if t > chunk else [(0, t, 0, allowed.shape[-1])]
         whole = _covers_all(spans, t)
         # rows of a block with no key stay 0; a single block writing every row
         # needs no zeros first
