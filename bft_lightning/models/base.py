@@ -14,6 +14,7 @@ import math
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
@@ -231,12 +232,24 @@ class SequentialRecommender(nn.Module):
         column 0 (padding) at -inf.
         """
         h = self.output_transform(hidden)
+        scaled = self.head == "precision" and log_prec is not None
+        bias = self.output_bias(items)
+        if items is None and not scaled:
+            # one product with the bias added inside it (as nn.Linear), the padding
+            # column's -inf riding in the bias: over (N, num_items + 1) logits (the
+            # largest tensors of a training step) no separate pass adds the bias, and
+            # no in-place write of the column, whose backward copies the whole gradient
+            weights = self.item_weights()
+            row = torch.zeros(weights.shape[0], dtype=h.dtype, device=h.device) + bias
+            row = torch.cat([row.new_full((1,), float("-inf")), row[1:]])
+            return F.linear(h, weights, row.to(h.dtype))
         if items is None:
             logits = h @ self.item_weights().t()
         else:
             logits = (self.item_emb(items) * h.unsqueeze(-2)).sum(-1)  # (N, k)
-        logits = logits + self.output_bias(items)
-        if self.head == "precision" and log_prec is not None:
+        logits = logits + bias
+        if scaled:
+            assert log_prec is not None
             lp = torch.nan_to_num(log_prec.float(), neginf=0.0)
             logits = logits * torch.exp(self.temperature(lp)).to(logits.dtype)
         if items is None:

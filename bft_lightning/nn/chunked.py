@@ -7,15 +7,18 @@ same values and gradients as the reference while holding only one
 (B, H, chunk, S) block at a time, in the forward and in the backward:
 
 - forward: for each block of queries, ``p = softmax(q.k / sqrt(d_h) + bias)``
-  over allowed keys; one product with ``[v, ||v||^2 / d_h]`` gives the
-  estimate and the second moment; ``sum_j p^2`` is a row reduction of the
-  block (the exact value; the log-sum-exp identity of spec section 1,
-  ``exp(LSE(2s) - 2 LSE(s))``, is only needed where a kernel hides ``p``).
-  Only the inputs and the (B, H, T, d_h + 1) outputs are saved.
-- key spans: each block of queries reads only the keys between the first and
-  the last one any of its rows may read (``_key_spans``), so a causal mask
-  costs about half the products of a full one (block i stops at key i1) and
-  left padding is skipped; a block with no allowed key is not computed.
+  over allowed keys, the bias entering the score product itself as one more
+  column (``_scaled_queries``, ``_keys``); one product with
+  ``[v, ||v||^2 / d_h]`` gives the estimate and the second moment;
+  ``sum_j p^2`` is a row reduction of the block (the exact value; the
+  log-sum-exp identity of spec section 1, ``exp(LSE(2s) - 2 LSE(s))``, is
+  only needed where a kernel hides ``p``). Only the inputs and the
+  (B, H, T, d_h + 1) outputs are saved.
+- key spans: with several blocks, each block of queries reads only the keys
+  between the first and the last one any of its rows may read
+  (``_key_spans``), so a causal mask costs about half the products of a full
+  one (block i stops at key i1) and left padding is skipped; a block with no
+  allowed key is not computed.
 - backward: the block's weights are recomputed and every output's gradient
   is folded into one ``dL/dp``::
 
@@ -25,6 +28,8 @@ same values and gradients as the reference while holding only one
   where ``m`` is the dropout mask (regenerated from a per-block seed, so the
   backward sees the forward's mask; ``keep = n / 2^16``, see ``_keep_mask``)
   and ``P = sum_j p^2``, whose derivative is ``dP/ds_j = 2 p_j (p_j - P)``.
+  The row sums ``sum_k p_k G_k`` come from the outputs (``g_e . e``,
+  ``g_out . out`` and ``2 g_P P``), not from a pass over the block.
 
 Attention dropout is supported; the mask comes from a seed drawn from the
 global generator, so ``seed_everything`` makes runs repeatable.

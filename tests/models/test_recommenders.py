@@ -35,6 +35,31 @@ def test_shapes_and_scores(cls, precision: str) -> None:
     torch.testing.assert_close(sub, scores.gather(1, torch.tensor([[1, 2], [3, 4], [5, 6]])))
 
 
+@pytest.mark.parametrize("cls", [SASRec, BERT4Rec, HSTU])
+def test_full_scores_equal_the_product_plus_bias_and_train_it(cls) -> None:
+    """All-item scores: ``transform(h) @ W^T + bias`` with column 0 (padding) at -inf,
+    and the same gradients (to h, the item table and BERT4Rec's bias) as that formula."""
+    torch.manual_seed(0)
+    model = cls(N, max_len=L, d_model=16, nhead=2, num_layers=1, precision="off")
+    if isinstance(model, BERT4Rec):
+        with torch.no_grad():
+            model.out_bias.normal_()
+    h = torch.randn(5, 16, requires_grad=True)
+    target = torch.randint(1, N + 1, (5,))
+    got = model.score(h)
+    params = [h, *(p for p in model.parameters() if p.requires_grad)]
+    grads = torch.autograd.grad(F.cross_entropy(got, target), params, allow_unused=True)
+    ref = model.output_transform(h) @ model.item_weights().t() + model.output_bias(None)
+    ref = torch.cat([torch.full_like(ref[:, :1], float("-inf")), ref[:, 1:]], dim=1)
+    want = torch.autograd.grad(F.cross_entropy(ref, target), params, allow_unused=True)
+    torch.testing.assert_close(got, ref)
+    for g, w in zip(grads, want, strict=True):
+        if w is None:
+            assert g is None or not g.any()
+        else:
+            torch.testing.assert_close(g, w)
+
+
 def test_bft_adds_few_parameters() -> None:
     off = SASRec(N, max_len=L, d_model=16, nhead=2, precision="off")
     on = SASRec(N, max_len=L, d_model=16, nhead=2, precision="on")
