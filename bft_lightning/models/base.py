@@ -234,7 +234,9 @@ class SequentialRecommender(nn.Module):
         h = self.output_transform(hidden)
         scaled = self.head == "precision" and log_prec is not None
         bias = self.output_bias(items)
-        if items is None and not scaled:
+        # under autocast the bias is added after the (low-precision) product, in float32
+        fused = not scaled and not torch.is_autocast_enabled(h.device.type)
+        if items is None and fused:
             # one product with the bias added inside it (as nn.Linear), the padding
             # column's -inf riding in the bias: over (N, num_items + 1) logits (the
             # largest tensors of a training step) no separate pass adds the bias, and

@@ -80,7 +80,9 @@ def _key_spans(allowed: Tensor, chunk: int) -> list[Span]:
     ]
 
 
-def _block(qs: Tensor, kt: Tensor, allowed: Tensor, span: Span) -> tuple[Tensor, Tensor, Tensor]:
+def _block(
+    qs: Tensor, kt: Tensor, allowed: Tensor, span: Span, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Weights (B, H, c, s1 - s0) of queries ``i0:i1`` over keys ``s0:s1``, the
     queries' has-key flag (B, 1, c, 1) and a free buffer of the weights' shape
     (the scores', which the softmax leaves unused: scratch for the caller, so
@@ -89,13 +91,19 @@ def _block(qs: Tensor, kt: Tensor, allowed: Tensor, span: Span) -> tuple[Tensor,
 
     qs, kt: the scaled queries and the keys as :func:`_scaled_queries` and
     :func:`_keys` lay them out once for all blocks; one product gives the
-    scores with the bias added.
+    scores with the bias added when it rides in them, else ``bias`` (B, H, S)
+    is added in the product's accumulator (``baddbmm``, in the inputs' dtype).
     """
     i0, i1, s0, s1 = span
     b, h, _, dq = qs.shape
     s = s1 - s0
     c = i1 - i0
-    scores = torch.bmm(qs[:, :, i0:i1].reshape(b * h, c, dq), kt[:, :, s0:s1])
+    qc = qs[:, :, i0:i1].reshape(b * h, c, dq)
+    if bias is None:
+        scores = torch.bmm(qc, kt[:, :, s0:s1])
+    else:
+        base = bias[..., s0:s1].reshape(b * h, 1, s).to(qc.dtype).expand(b * h, c, s)
+        scores = torch.baddbmm(base, qc, kt[:, :, s0:s1])
     block = allowed[:, :, i0:i1, s0:s1]
     scores = scores.view(b, h, c, s).masked_fill_(~block, masked_value(scores.dtype))
     p = torch.softmax(scores, dim=-1)
@@ -114,6 +122,22 @@ def _scaled_queries(q: Tensor, with_bias: bool) -> Tensor:
     if with_bias:
         qs[..., dh] = 1.0
     return qs
+
+
+def _exact_products(x: Tensor) -> bool:
+    """Whether this call's products run at the full precision of float32 / float64
+    inputs: no autocast, and ``torch.get_float32_matmul_precision() == "highest"``
+    (no TF32 on CUDA, no bfloat16 passes on a CPU). Only then does the bias ride
+    in the score product (a large log-precision bias rounded to TF32 would move
+    the scores by ~1e-2) and does the backward read its row sums off the saved
+    outputs, which must then equal what the recomputed weights give; otherwise
+    the bias is added in the product's float32 accumulator and the row sums are
+    taken from the recomputed weights, as exact as the products allow."""
+    return (
+        x.dtype in (torch.float32, torch.float64)
+        and not torch.is_autocast_enabled(x.device.type)
+        and torch.get_float32_matmul_precision() == "highest"
+    )
 
 
 def _keys(k: Tensor, bias: Tensor | None) -> Tensor:
@@ -228,9 +252,12 @@ class _ChunkedKriging(torch.autograd.Function):
         # one copy each into (B, H, T, d_h) order: the products below then read
         # them in place, here and in the backward (q, k, v arrive as transposed
         # views of the input projection, which every product would copy again)
-        qs = _scaled_queries(q, bias is not None)
+        exact = _exact_products(q)
+        in_product = bias is not None and exact  # the bias rides in the score product
+        qs = _scaled_queries(q, in_product)
         k, v = k.contiguous(), v.contiguous()
-        kt = _keys(k, bias)
+        kt = _keys(k, bias if in_product else None)
+        added = None if in_product else bias  # else added in the product's accumulator
         v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         # one block (T <= chunk): all keys, no span search (rows without a key come
         # out 0 through has_key all the same)
@@ -254,7 +281,7 @@ class _ChunkedKriging(torch.autograd.Function):
             i0, i1, s0, s1 = span
             if s0 == s1:
                 continue
-            p, has_key, scratch = _block(qs, kt, allowed, span)
+            p, has_key, scratch = _block(qs, kt, allowed, span, added)
             torch.mul(p @ v_aug[:, :, s0:s1], has_key, out=e_aug[:, :, i0:i1])
             p_sq = torch.mul(p, p, out=scratch).sum(dim=-1)
             torch.mul(p_sq, has_key[..., 0], out=sum_p_sq[:, :, i0:i1])
@@ -273,6 +300,7 @@ class _ChunkedKriging(torch.autograd.Function):
         ctx.save_for_backward(qs, k, v_aug, bias, allowed, sum_p_sq, e_aug, out, *kept)  # type: ignore[arg-type]
         ctx.set_materialize_grads(False)  # an unused output costs nothing in the backward
         ctx.dropout_p, ctx.spans, ctx.seed = dropout_p, spans, seed  # type: ignore[attr-defined]
+        ctx.exact = exact  # type: ignore[attr-defined]
         if out is None:
             out = _heads_last(q, dv).copy_(e_aug[..., :-1])
         # the estimate and the second moment as two outputs (views of e_aug): their
@@ -294,11 +322,15 @@ class _ChunkedKriging(torch.autograd.Function):
         dropout_p: float = ctx.dropout_p  # type: ignore[attr-defined]
         spans: list[Span] = ctx.spans  # type: ignore[attr-defined]
         seed: int = ctx.seed  # type: ignore[attr-defined]
+        exact: bool = ctx.exact  # type: ignore[attr-defined]
+        in_product = bias is not None and exact
+        added = None if in_product else bias
         dh, dv = k.shape[3], v_aug.shape[3] - 1
         scale = 1.0 / math.sqrt(dh)
         factor = _keep_factor(dropout_p)
         q_like = qs[..., :dh]  # the shape of q's gradient
-        kt = _keys(k, bias) if kept_p is None else k  # the keys only to recompute weights
+        # the keys only to recompute weights
+        kt = _keys(k, bias if in_product else None) if kept_p is None else k
         v = v_aug[..., :-1]
         # gradients start as None: a block that covers the whole tensor sets it
         # (no zeros, no copy), others add into zeros (_accumulate)
@@ -331,25 +363,30 @@ class _ChunkedKriging(torch.autograd.Function):
             if kept_p is not None and kept_has_key is not None:
                 p, has_key, dropped = kept_p, kept_has_key, kept_dropped
             else:
-                p, has_key, scratch = _block(qs, kt, allowed, span)
+                p, has_key, scratch = _block(qs, kt, allowed, span, added)
             # dL/ds = p * (G - c) with G_j = A_j + 2 g_P p_j + m_j f B_j and
             # c = sum_k p_k G_k, where A = g_e [v, ||v||^2/d_h]^T, B = g_out v^T and
             # m f the dropout multiplier (bits m, factor f): the dropout term is
             # (p m) * (f B), so no float mask is formed and the factor goes on g_out.
-            # c is read off the outputs: sum_k p_k A_k = g_e . e and
-            # sum_k p_k m_k f B_k = g_out . out, (c x d_h) dot products, no (c x s) pass
+            # With exact products c is read off the outputs: sum_k p_k A_k = g_e . e
+            # and sum_k p_k m_k f B_k = g_out . out, (c x d_h) dot products, no (c x s)
+            # pass; otherwise it is summed over the recomputed block (_exact_products)
             grad_s: Tensor | None = None  # A, then A + 2 g_P p: what multiplies p
             c: Tensor | None = None
             if g_e is not None:
                 ge = g_e[:, :, i0:i1] * has_key
                 grad_s = ge @ v_aug[:, :, s0:s1].transpose(-1, -2)
                 dv_aug = _accumulate(dv_aug, v_aug, (s0, s1), p.transpose(-1, -2) @ ge)
-                c = torch.linalg.vecdot(ge, e_aug[:, :, i0:i1])
+                if exact:
+                    c = torch.linalg.vecdot(ge, e_aug[:, :, i0:i1])
             if g_p is not None:
                 gp2 = (2.0 * g_p[:, :, i0:i1, None]) * has_key  # (B, H, c, 1)
                 grad_s = p * gp2 if grad_s is None else grad_s.addcmul_(p, gp2)
-                from_p = gp2[..., 0] * sum_p_sq[:, :, i0:i1]
-                c = from_p if c is None else c.add_(from_p)
+                if exact:
+                    from_p = gp2[..., 0] * sum_p_sq[:, :, i0:i1]
+                    c = from_p if c is None else c.add_(from_p)
+            if not exact and grad_s is not None:
+                c = torch.linalg.vecdot(p, grad_s)
             from_out = None
             if g_out is not None:  # with dropout (otherwise folded into g_e above)
                 assert out is not None
@@ -365,7 +402,10 @@ class _ChunkedKriging(torch.autograd.Function):
                     dv_aug, v_aug, (s0, s1), dropped.transpose(-1, -2) @ go, channels=dv
                 )
                 from_out = go @ v[:, :, s0:s1].transpose(-1, -2)
-                c_out = torch.linalg.vecdot(g_out[:, :, i0:i1], out[:, :, i0:i1])
+                if exact:
+                    c_out = torch.linalg.vecdot(g_out[:, :, i0:i1], out[:, :, i0:i1])
+                else:
+                    c_out = torch.linalg.vecdot(dropped, from_out)
                 c = c_out if c is None else c.add_(c_out)
             if c is None:
                 continue
@@ -386,7 +426,8 @@ class _ChunkedKriging(torch.autograd.Function):
             dk = _accumulate(dk, k, (s0, s1), dk_b[..., :dh], heads_last=True)
             if want_bias:
                 assert bias is not None
-                dbias = _accumulate(dbias, bias, (s0, s1), dk_b[..., dh], rows_dim=-1)
+                d_b = dk_b[..., dh] if in_product else ds.sum(-2)
+                dbias = _accumulate(dbias, bias, (s0, s1), d_b, rows_dim=-1)
         if dq is None:
             dq = _heads_last(q_like).zero_()
         if dk is None:
@@ -419,17 +460,18 @@ def chunked_attention(
     the estimate ``sum_j p v_j`` (B, H, T, d_h), the second moment
     ``sum_j p ||v_j||^2 / d_h`` (B, H, T) and ``sum_j p^2`` (B, H, T); rows with
     no allowed key give 0 everywhere. The output is a view laid out heads last
-    (so that merging the heads is a view too); as an output of an autograd
-    Function that is a view, it may not be modified in place (autograd raises):
-    ``clone()`` it first.
+    (so that merging the heads is a view too). The outputs are kept for the
+    backward, and the output and the estimate are views: none of them may be
+    modified in place (autograd raises); ``clone()`` first.
 
-    ``keep_weights``: keep the weights (and the dropout mask, as booleans) of a
-    call that is one block (T <= ``chunk_size``) for the backward instead of
-    recomputing them: the reference path's memory (B, H, T, S), for about a
-    third less time at T = 200 on a CPU. None (default) keeps them on a CPU,
-    where PyTorch's SDPA with a mask and dropout (the off twin) materialises
-    the same weights anyway, and recomputes on CUDA, where the off twin's
-    fused kernels do not. Calls of several blocks always recompute.
+    ``keep_weights``: keep the weights (and, with dropout, the dropped weights
+    ``p m``) of a call that is one block (T <= ``chunk_size``) for the backward
+    instead of recomputing them: the reference path's memory (B, H, T, S) twice
+    with dropout, for about a third less time at T = 200 on a CPU. None
+    (default) keeps them on a CPU, where PyTorch's SDPA with a mask and dropout
+    (the off twin) materialises the same weights anyway, and recomputes on
+    CUDA, where the off twin's fused kernels do not. Calls of several blocks
+    always recompute.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

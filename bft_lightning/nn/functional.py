@@ -214,7 +214,7 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     if valid is None:
         w = torch.ones(1, b * t, dtype=f64, device=values.device)
     else:
-        w = valid.to(f64).view(1, b * t)
+        w = valid.to(f64).reshape(1, b * t)  # any layout (a transposed mask too)
     per_channel = torch.mm(w, rows).view(h, dh)
     per_head_sq = torch.mm(w, rows * rows).view(h, dh).sum(dim=1)  # rows may be the input
     return torch.cat([per_channel.sum(dim=1), per_head_sq, w.sum().view(1), per_channel.flatten()])
@@ -465,34 +465,41 @@ def _gelu_jacobian_backward(
     grad_m_t = m.new_zeros(m.shape[1], f) if needs_m and g_jac is not None else None  # (G, F)
     if grad_a is None and grad_m_t is None:
         return None, None
-    dphi_needed = grad_m_t is not None or (grad_a is not None and g_act is not None)
+    # buffers only for the work asked for (with no Jacobian gradient, GELU's own
+    # kernel gives da: none of them; on a GPU a block is the whole tensor)
+    with_jac = g_jac is not None
+    dphi_needed = with_jac and (grad_m_t is not None or (grad_a is not None and g_act is not None))
     ones = torch.ones(rows, f, dtype=f32, device=a.device) if dphi_needed else None
-    dphi = torch.empty(rows, f, dtype=f32, device=a.device)
-    buf = torch.empty_like(dphi)
-    expo = torch.empty_like(dphi)
+    dphi = torch.empty(rows, f, dtype=f32, device=a.device) if dphi_needed else None
+    buf = torch.empty(rows, f, dtype=f32, device=a.device) if with_jac and needs_a else None
+    expo = torch.empty_like(buf) if buf is not None else None
     m_t = m.t() * (2.0 * _INV_SQRT_2PI)  # (G, F), with the constant of phi'' folded in
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         c = r1 - r0
         ac = upcast(a[r0:r1])
-        gj = None if g_jac is None else g_jac[r0:r1]
-        if ones is not None:
-            if gj is None and grad_a is not None and g_act is not None:  # GELU's gradient only
+        if g_jac is None:  # GELU's gradient only (grad_a is set, else returned above)
+            assert grad_a is not None
+            if g_act is None:
+                grad_a[r0:r1].zero_()
+            else:
                 _gelu_backward_into(upcast(g_act[r0:r1]), ac, grad_a[r0:r1])
-                continue
-            _gelu_backward_into(ones[:c], ac, dphi[:c])
-        if grad_m_t is not None and gj is not None:  # dM^T += g^T phi'(a), as in the forward
-            grad_m_t.addmm_(gj.t(), dphi[:c])
-        if grad_a is None:
             continue
-        if g_act is not None:
-            torch.mul(upcast(g_act[r0:r1]), dphi[:c], out=grad_a[r0:r1])
+        gj = g_jac[r0:r1]
+        dp = None
+        if ones is not None and dphi is not None:
+            dp = _gelu_backward_into(ones[:c], ac, dphi[:c])
+        if grad_m_t is not None and dp is not None:  # dM^T += g^T phi'(a), as in the forward
+            grad_m_t.addmm_(gj.t(), dp)
+        if grad_a is None or buf is None or expo is None:
+            continue
+        if g_act is not None and dp is not None:
+            torch.mul(upcast(g_act[r0:r1]), dp, out=grad_a[r0:r1])
         else:
             grad_a[r0:r1].zero_()
-        if gj is not None:
-            s = torch.mul(ac, ac, out=buf[:c]).mul_(-0.5)  # s = -a^2 / 2
-            e = torch.exp(s, out=expo[:c]).mul_(s.add_(1.0))  # e^s (1 + s)
-            grad_a[r0:r1].addcmul_(torch.mm(gj, m_t, out=buf[:c]), e)
+        s = torch.mul(ac, ac, out=buf[:c]).mul_(-0.5)  # s = -a^2 / 2
+        e = torch.exp(s, out=expo[:c]).mul_(s.add_(1.0))  # e^s (1 + s)
+        grad_a[r0:r1].addcmul_(torch.mm(gj, m_t, out=buf[:c]), e)
     return grad_a, None if grad_m_t is None else grad_m_t.t()
 
 

@@ -60,6 +60,21 @@ def test_full_scores_equal_the_product_plus_bias_and_train_it(cls) -> None:
             torch.testing.assert_close(g, w)
 
 
+def test_full_scores_under_autocast_add_the_bias_in_float32() -> None:
+    """Under bf16 autocast the product is bf16, but BERT4Rec's output bias is added
+    in float32 after it (inside a bf16 product it would be rounded to bf16)."""
+    torch.manual_seed(0)
+    model = BERT4Rec(N, max_len=L, d_model=16, nhead=2, num_layers=1, precision="off")
+    with torch.no_grad():
+        model.out_bias.normal_(0, 20)
+    h = torch.randn(5, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model.score(h)
+        product = model.output_transform(h) @ model.item_weights().t()
+    assert got.dtype == torch.float32 and torch.isneginf(got[:, 0]).all()
+    torch.testing.assert_close(got[:, 1:], (product + model.output_bias(None))[:, 1:])
+
+
 def test_bft_adds_few_parameters() -> None:
     off = SASRec(N, max_len=L, d_model=16, nhead=2, precision="off")
     on = SASRec(N, max_len=L, d_model=16, nhead=2, precision="on")

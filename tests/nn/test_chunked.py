@@ -329,6 +329,58 @@ def test_direct_call_under_autocast_recomputes_and_backpropagates():
     assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
 
 
+@pytest.mark.parametrize("bias_scale", [1.0, 20.0])
+def test_gradients_under_autocast_are_the_float32_ones(bias_scale):
+    """Under autocast the forward's products are bf16 but the backward recomputes the
+    weights in float32: its row sums must come from that recomputation too (not from
+    the bf16 outputs), so that with a loss linear in the outputs the gradients are
+    the float32 ones, also with a large bias (near one-hot rows)."""
+    q, k, v, bias, allowed = _inputs(2, 2, 24, 4, True, 3, 4, dtype=torch.float32)
+    bias = bias * bias_scale
+
+    def grads(autocast: bool) -> list[torch.Tensor]:
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = chunked_attention(*leaves[:3], allowed, leaves[3], 0.0, 8)
+        (out[1].float().sum() + out[2].float().sum() + out[3].float().sum()).backward()
+        return [x.grad for x in leaves]
+
+    for got, want in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_reduced_precision_matmul_mode_keeps_values_and_gradients(dropout):
+    """With ``torch.set_float32_matmul_precision("high")`` (TF32 on CUDA) the bias is
+    added in the product's accumulator and the row sums come from the recomputed
+    weights: that path too equals the reference (float64 here, where the mode changes
+    no arithmetic) and passes gradcheck with dropout."""
+    q, k, v, bias, allowed = _inputs(2, 2, 10, 3, True, 3, 6)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+        if dropout > 0:
+            assert torch.autograd.gradcheck(
+                lambda q, k, v, b: _ChunkedKriging.apply(q, k, v, b, allowed, dropout, 4, 7, False),
+                leaves,
+            )
+            return
+        leaves_ref = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+        got = _all_outputs(lambda *a: chunked_attention(*a[:3], allowed, a[3], 0.0, 4), *leaves)
+        want = _all_outputs(_reference(allowed), *leaves_ref)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+        weights = torch.randn(got.shape, dtype=got.dtype)
+        for a, r in zip(
+            torch.autograd.grad((got * weights).sum(), leaves),
+            torch.autograd.grad((want * weights).sum(), leaves_ref),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-10)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("chunk", [4, 16])
 def test_projection_views_in_heads_merge_as_views(dropout, chunk):

@@ -293,6 +293,8 @@ def test_running_sill_update_is_the_valid_values_variance(pad_value: float, dtyp
     valid[0, 0] = False
     values[0, :, 0] = pad_value
     before = values.clone()
+    if dtype == torch.float64:  # the mask in any layout (a transposed one, as a caller may pass)
+        valid = valid.t().contiguous().t()
     v = values.transpose(1, 2)[valid].double()  # (N, H, d_h)
     want_var = (v - v.mean(dim=0)).square().sum(dim=(0, 2)) / (v.shape[0] * dh)
     sill = torch.ones(h, dtype=dtype)
