@@ -249,11 +249,11 @@ class _ChunkedKriging(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         b, h, t, _ = q.shape
         dv = v.shape[-1]
+        exact = _exact_products(q)
+        in_product = bias is not None and exact  # the bias rides in the score product
         # one copy each into (B, H, T, d_h) order: the products below then read
         # them in place, here and in the backward (q, k, v arrive as transposed
         # views of the input projection, which every product would copy again)
-        exact = _exact_products(q)
-        in_product = bias is not None and exact  # the bias rides in the score product
         qs = _scaled_queries(q, in_product)
         k, v = k.contiguous(), v.contiguous()
         kt = _keys(k, bias if in_product else None)
