@@ -234,8 +234,13 @@ class SequentialRecommender(nn.Module):
         h = self.output_transform(hidden)
         scaled = self.head == "precision" and log_prec is not None
         bias = self.output_bias(items)
-        # under autocast the bias is added after the (low-precision) product, in float32
-        fused = not scaled and not torch.is_autocast_enabled(h.device.type)
+        # under autocast, or for half-precision states, the bias is added after the
+        # (low-precision) product, so that a float32 bias stays float32
+        fused = (
+            not scaled
+            and not torch.is_autocast_enabled(h.device.type)
+            and h.dtype in (torch.float32, torch.float64)
+        )
         if items is None and fused:
             # one product with the bias added inside it (as nn.Linear), the padding
             # column's -inf riding in the bias: over (N, num_items + 1) logits (the

@@ -136,8 +136,27 @@ def _exact_products(x: Tensor) -> bool:
     return (
         x.dtype in (torch.float32, torch.float64)
         and not torch.is_autocast_enabled(x.device.type)
-        and torch.get_float32_matmul_precision() == "highest"
+        and _full_precision_matmul(x.device.type)
     )
+
+
+def _full_precision_matmul(device_type: str) -> bool:
+    """Whether float32 products run in full precision (IEEE) on ``device_type``.
+
+    The legacy ``get_float32_matmul_precision`` raises once the precision was set
+    through the per-backend ``fp32_precision`` settings (PyTorch's newer API,
+    e.g. ``torch.backends.cuda.matmul.fp32_precision = "tf32"``); then the
+    device's own backend setting decides ("none" defers to the global one).
+    """
+    try:
+        return torch.get_float32_matmul_precision() == "highest"
+    except RuntimeError:
+        pass
+    backend = torch.backends.cuda.matmul if device_type == "cuda" else torch.backends.mkldnn.matmul  # type: ignore[attr-defined]
+    precision = getattr(backend, "fp32_precision", "none")
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "none")
+    return precision in ("ieee", "none")
 
 
 def _keys(k: Tensor, bias: Tensor | None) -> Tensor:

@@ -198,7 +198,6 @@ def keep_float32_(module: torch.nn.Module, names: tuple[str, ...] = ("sill", "rh
                 param.grad = param.grad.float()
 
 
-@torch.no_grad()
 def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     """Per head: the sum and the sum of squares of the valid values, the count N,
     then the per-channel sums (H, d_h) flattened; float64.
@@ -220,6 +219,7 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     return torch.cat([per_channel.sum(dim=1), per_head_sq, w.sum().view(1), per_channel.flatten()])
 
 
+@torch.no_grad()
 def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: float) -> None:
     """In place: ``s0^2 <- (1 - m) s0^2 + m Var(v)``, the values' per-head variance.
 

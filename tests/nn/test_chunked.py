@@ -381,6 +381,39 @@ def test_reduced_precision_matmul_mode_keeps_values_and_gradients(dropout):
         torch.set_float32_matmul_precision(before)
 
 
+@pytest.mark.parametrize(
+    ("backend", "value"),
+    [("cuda", "tf32"), ("mkldnn", "bf16"), ("cuda", "ieee")],
+)
+def test_newer_per_backend_precision_settings_are_read(backend, value):
+    """``torch.backends.<backend>.matmul.fp32_precision`` (PyTorch's newer API) makes
+    the legacy ``get_float32_matmul_precision`` raise: the call still runs, takes the
+    full-precision shortcuts only where the device's own backend is IEEE, and equals
+    the reference (float64 here)."""
+    from bft_lightning.nn.chunked import _full_precision_matmul
+
+    settings = getattr(torch.backends, backend).matmul
+    before = settings.fp32_precision
+    q, k, v, bias, allowed = _inputs(2, 2, 9, 3, True, 2, 8)
+    try:
+        settings.fp32_precision = value
+        expect_cpu = not (backend == "mkldnn" and value != "ieee")
+        assert _full_precision_matmul("cpu") == expect_cpu
+        assert _full_precision_matmul("cuda") == (backend != "cuda" or value == "ieee")
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+        leaves_ref = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+        got = _all_outputs(lambda *a: chunked_attention(*a[:3], allowed, a[3], 0.0, 4), *leaves)
+        want = _all_outputs(_reference(allowed), *leaves_ref)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+        got.sum().backward()
+        want.sum().backward()
+        for a, r in zip(leaves, leaves_ref, strict=True):
+            torch.testing.assert_close(a.grad, r.grad, rtol=1e-8, atol=1e-10)
+    finally:
+        settings.fp32_precision = before
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("chunk", [4, 16])
 def test_projection_views_in_heads_merge_as_views(dropout, chunk):
