@@ -26,7 +26,7 @@ same values and gradients as the reference while holding only one
       dL/ds_j = p_j (G_j - sum_k p_k G_k)
 
   where ``m`` is the dropout mask (regenerated from a per-block seed, so the
-  backward sees the forward's mask; ``keep = n / 2^16``, see ``_keep_mask``)
+  backward sees the forward's mask; ``keep = n / 2^16``, see ``_keep_bits``)
   and ``P = sum_j p^2``, whose derivative is ``dP/ds_j = 2 p_j (p_j - P)``.
   The row sums ``sum_k p_k G_k`` come from the outputs (``g_e . e``,
   ``g_out . out`` and ``2 g_P P``), not from a pass over the block.
@@ -212,12 +212,6 @@ def _accumulate(
 
 
 _MASK_LEVELS = 1 << 16  # the keep probability's resolution: 16 random bits per weight
-
-
-def _keep_mask(p: Tensor, dropout_p: float, seed: int, index: int) -> Tensor:
-    """Dropout multiplier ``m / keep`` for one block, the same in forward and backward."""
-    kept, factor = _keep_bits(p, dropout_p, seed, index)
-    return kept.to(p.dtype).mul_(factor)
 
 
 def _keep_factor(dropout_p: float) -> float:

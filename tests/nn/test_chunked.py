@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bft_lightning.nn.attention import build_allowed, reference_attention
-from bft_lightning.nn.chunked import _MASK_LEVELS, _ChunkedKriging, _keep_mask, chunked_attention
+from bft_lightning.nn.chunked import _MASK_LEVELS, _ChunkedKriging, _keep_bits, chunked_attention
 from bft_lightning.nn.layers import BFTEncoderLayer
 
 
@@ -92,6 +92,12 @@ def test_kept_weights_equal_recomputed(dropout):
         results.append([*outs, *(x.grad for x in leaves)])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _keep_mask(p, dropout, seed, index):
+    """The dropout multiplier ``m / keep`` the chunked path applies to a block."""
+    bits, factor = _keep_bits(p, dropout, seed, index)
+    return bits.to(p.dtype) * factor
 
 
 @pytest.mark.parametrize("dropout", [0.1, 0.5, 0.9])
