@@ -8,7 +8,8 @@ same values and gradients as the reference while holding only one
 
 - forward: for each block of queries, ``p = softmax(q.k / sqrt(d_h) + bias)``
   over allowed keys, the bias entering the score product itself as one more
-  column (``_scaled_queries``, ``_keys``); one product with
+  column when the products are exact (``_exact_products``; else it is added
+  in the product's accumulator); one product with
   ``[v, ||v||^2 / d_h]`` gives the estimate and the second moment;
   ``sum_j p^2`` is a row reduction of the block (the exact value; the
   log-sum-exp identity of spec section 1, ``exp(LSE(2s) - 2 LSE(s))``, is
@@ -28,8 +29,9 @@ same values and gradients as the reference while holding only one
   where ``m`` is the dropout mask (regenerated from a per-block seed, so the
   backward sees the forward's mask; ``keep = n / 2^16``, see ``_keep_bits``)
   and ``P = sum_j p^2``, whose derivative is ``dP/ds_j = 2 p_j (p_j - P)``.
-  The row sums ``sum_k p_k G_k`` come from the outputs (``g_e . e``,
-  ``g_out . out`` and ``2 g_P P``), not from a pass over the block.
+  With exact products the row sums ``sum_k p_k G_k`` come from the outputs
+  (``g_e . e``, ``g_out . out`` and ``2 g_P P``), not from a pass over the
+  block; otherwise from the recomputed block.
 
 Attention dropout is supported; the mask comes from a seed drawn from the
 global generator, so ``seed_everything`` makes runs repeatable.
@@ -126,8 +128,8 @@ def _scaled_queries(q: Tensor, with_bias: bool) -> Tensor:
 
 def _exact_products(x: Tensor) -> bool:
     """Whether this call's products run at the full precision of float32 / float64
-    inputs: no autocast, and ``torch.get_float32_matmul_precision() == "highest"``
-    (no TF32 on CUDA, no bfloat16 passes on a CPU). Only then does the bias ride
+    inputs: no autocast, and IEEE float32 products (:func:`_full_precision_matmul`:
+    no TF32 on CUDA, no bfloat16 passes on a CPU). Only then does the bias ride
     in the score product (a large log-precision bias rounded to TF32 would move
     the scores by ~1e-2) and does the backward read its row sums off the saved
     outputs, which must then equal what the recomputed weights give; otherwise

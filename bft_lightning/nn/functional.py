@@ -204,8 +204,7 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
 
     values: (B, H, T, d_h); valid: (B, T) or None (all valid). The sums are
     products of the 0/1 weights with the values as a (B T, H d_h) float64 matrix
-    (a view of the in-projection's output, widened): no gather
-    of the valid rows.
+    (a view of the in-projection's output, widened): no gather of the valid rows.
     """
     b, h, t, dh = values.shape
     f64 = torch.float64
@@ -508,9 +507,9 @@ class _GeluWithJacobian(torch.autograd.Function):
 
     Separately, the backward evaluates ``phi'(a)`` twice over (B, T, F): once
     inside GELU's own backward (``grad * phi'(a)``, a fused kernel) and once
-    for ``M``'s gradient. Here GELU's gradient is its own fused kernel and
-    ``phi'(a)`` is evaluated once more for ``M``'s:
-    ``da = g_act phi'(a) + (g_jac M^T) phi''(a)``, ``dM = phi'(a)^T g_jac``.
+    for ``M``'s gradient. Here it is evaluated once, a row block at a time, for
+    both: ``da = g_act phi'(a) + (g_jac M^T) phi''(a)``, ``dM = phi'(a)^T g_jac``
+    (with no Jacobian gradient, ``da`` is GELU's own fused backward).
     Keeps ``a`` and ``M`` only, like GELU itself; the derivative work runs in
     cache-sized row blocks (:func:`_gelu_jacobian_forward`).
     """
