@@ -4,7 +4,8 @@ Each path is compared with the bound of its unavoidable work, the score
 matrix product (U x N x d, 2 U N d FLOPs), timed alone as GEMMs of cache-sized
 tiles into one reused buffer (the fastest way found to compute it here; the
 same GEMMs as whole user chunks into fresh outputs are timed too, for
-comparison). Ratio 1.0 = as fast as the matmul itself.
+comparison). Ratio 1.0 = as fast as the matmul itself. The bound is timed again
+right before each path, whose ratio is to that run.
 
     OMP_WAIT_POLICY=PASSIVE python bench/eval_speed.py                 # small default
     OMP_WAIT_POLICY=PASSIVE python bench/eval_speed.py --users 100000 --items 100000 \\
@@ -91,30 +92,36 @@ def main(argv: list[str] | None = None) -> None:
 
     tu, tc = TILE_USERS, TILE_COLUMNS
     matmul_bound(users[: 4 * tu], items[1:], tu, tc)  # warm-up (allocator, BLAS)
-    bound = matmul_bound(users, items[1:], tu, tc)
-    fresh = fresh_chunk_matmul(users, items[1:], args.chunk)
     print(f"U={args.users} N={args.items} d={args.dim} k={args.k} threads={args.threads}")
-    print(
-        f"matmul bound        {bound:8.2f} s  ({flops / bound / 1e9:6.1f} GFLOP/s, {tu}x{tc} tiles)"
-    )
-    print(f"{'fresh chunk GEMMs':20s}{fresh:8.2f} s  ratio to bound {fresh / bound:5.2f}")
-    t_tiled, (_, ids_t) = timed(lambda: torch_topk_tiled(users, items, args.k))
-    t_chunk, (_, ids_c) = timed(
-        lambda: torch_topk_chunked(users, items, args.k, args.chunk, tiled=False)
-    )
-    t_faiss, (_, ids_f) = timed(lambda: faiss_topk(users, items, args.k))
-    t_rank, ranks_t = timed(lambda: tiled_target_ranks(users, items, target))
-    t_rank_c, ranks_c = timed(
-        lambda: chunked_target_ranks(users, items, target, args.chunk, tiled=False)
-    )
-    for name, t in (
-        ("torch tiled top-k", t_tiled),
-        ("torch chunked top-k", t_chunk),
-        ("faiss IndexFlatIP", t_faiss),
-        ("tiled full ranks", t_rank),
-        ("chunked full ranks", t_rank_c),
-    ):
-        print(f"{name:20s}{t:8.2f} s  ratio to bound {t / bound:5.2f}")
+    print(f"bound: {tu}x{tc} tiles; each path is timed right after its own bound run, as")
+    print("the machine's speed can drift between paths (other tenants, clocks)")
+    paths: list[tuple[str, Callable[[], object]]] = [
+        ("fresh chunk GEMMs", lambda: fresh_chunk_matmul(users, items[1:], args.chunk)),
+        ("torch tiled top-k", lambda: torch_topk_tiled(users, items, args.k)[1]),
+        (
+            "torch chunked top-k",
+            lambda: torch_topk_chunked(users, items, args.k, args.chunk, tiled=False)[1],
+        ),
+        ("faiss IndexFlatIP", lambda: faiss_topk(users, items, args.k)[1]),
+        ("tiled full ranks", lambda: tiled_target_ranks(users, items, target)),
+        (
+            "chunked full ranks",
+            lambda: chunked_target_ranks(users, items, target, args.chunk, tiled=False),
+        ),
+    ]
+    outs: dict[str, torch.Tensor] = {}
+    for name, fn in paths:
+        bound = matmul_bound(users, items[1:], tu, tc)
+        t, out = timed(fn)
+        if isinstance(out, torch.Tensor):
+            outs[name] = out
+        print(
+            f"{name:20s}{t:8.2f} s  bound {bound:6.2f} s ({flops / bound / 1e9:5.1f} GFLOP/s)"
+            f"  ratio to bound {t / bound:5.2f}"
+        )
+    ranks_t, ranks_c = outs["tiled full ranks"], outs["chunked full ranks"]
+    ids_t, ids_c = outs["torch tiled top-k"], outs["torch chunked top-k"]
+    ids_f = outs["faiss IndexFlatIP"]
     same_r = (ranks_t == ranks_c).float().mean()
     print(f"full ranks equal (tiled vs chunked): {same_r.item():.4%} of users")
     same_c = (ids_t.sort(1).values == ids_c.sort(1).values).all(1).float().mean()

@@ -520,14 +520,15 @@ def tiled_target_ranks(
     :func:`target_ranks`. The users are sorted by target, so a block of users has its
     targets in one or two tiles: those tiles are computed first for the target scores
     (the same call on the same buffers as in the counting pass, hence the same values),
-    then every tile adds its count of scores at or above them, and the target's own
-    column is taken out in the tile that holds it. The same ranks as ``target_ranks``
+    then every tile adds its count of scores at or above them (the last target tile,
+    still in the buffer, without a second product), and the target's own column is
+    taken out in the tile that holds it. The same ranks as ``target_ranks``
     on one full product wherever that product's values equal the tiles' (tests, with
     ties and duplicate items). Inputs that are not finite or whose product could
     overflow go through the untiled path, which checks for NaN.
     """
-    if min(tile_users, tile_columns) < 1:
-        raise ValueError("tile_users and tile_columns must be >= 1")
+    if min(tile_users, tile_columns) < 1 or tile_columns > 2**24:
+        raise ValueError("tile_users must be >= 1 and tile_columns in 1..2^24 (exact counts)")
     n = item_vecs.shape[0]
     if user_vecs.ndim != 2 or item_vecs.ndim != 2 or target.shape != user_vecs.shape[:1]:
         raise ValueError(
@@ -549,31 +550,43 @@ def tiled_target_ranks(
     tgt = target[order].long() - 1  # (U,) column of each sorted user's target
     users = users[order]
     buf = users.new_empty((tile_users, min(tile_columns, real)))
-    above = torch.empty(buf.shape, dtype=torch.bool, device=users.device)
+    wide = torch.promote_types(dtype, torch.float32)
     ranks = torch.empty(users.shape[0], dtype=torch.long, device=users.device)
 
     def tile_of(u: Tensor, j: int) -> Tensor:  # one call shape per tile, in both passes
         w = min(tile_columns, real - j)
         return torch.mm(u, items_t[:, j : j + w], out=buf[: u.shape[0], :w])  # (c, w)
 
+    def count_into(tile: Tensor, j: int, col: Tensor, count: Tensor, self_count: Tensor) -> None:
+        # the tile becomes its own 0/1 indicator of "at or above the target" in place,
+        # and a float row sum counts it, ~6x cheaper than a comparison into a bool
+        # tensor with an integer sum; exact: a row holds fewer than 2^24 ones, summed
+        # in float32 at least (half precision holds integers only to 256 or 2048)
+        above = tile.ge_(t_score)
+        count += above.sum(1, dtype=wide).long()
+        rows = ((col >= j) & (col < j + above.shape[1])).nonzero().squeeze(1)
+        if rows.numel():  # the target itself: at or above its own score
+            self_count[rows] = above[rows, col[rows] - j].long()
+
     for u, col, idx in zip(users.split(tile_users), tgt.split(tile_users), order.split(tile_users)):
         c = u.shape[0]
         t_score = u.new_empty(c, 1)
-        for j in (col.div(tile_columns, rounding_mode="floor").unique() * tile_columns).tolist():
+        count = torch.zeros(c, dtype=torch.long, device=users.device)
+        self_count = torch.zeros(c, dtype=torch.long, device=users.device)
+        target_tiles = (
+            col.div(tile_columns, rounding_mode="floor").unique() * tile_columns
+        ).tolist()
+        for j in target_tiles:
             tile = tile_of(u, j)
             rows = ((col >= j) & (col < j + tile.shape[1])).nonzero().squeeze(1)
             t_score[rows, 0] = tile[rows, col[rows] - j]
-        count = torch.zeros(c, dtype=torch.int32, device=users.device)
-        self_count = torch.zeros(c, dtype=torch.int32, device=users.device)
+        # the last target tile is still in the buffer, and every target score is known:
+        # it is counted now, not computed again
+        count_into(tile, target_tiles[-1], col, count, self_count)
         for j in range(0, real, tile_columns):
-            tile = tile_of(u, j)
-            count += torch.ge(tile, t_score, out=above[:c, : tile.shape[1]]).sum(
-                1, dtype=torch.int32
-            )
-            rows = ((col >= j) & (col < j + tile.shape[1])).nonzero().squeeze(1)
-            if rows.numel():  # the target itself: at or above its own score
-                self_count[rows] = (tile[rows, col[rows] - j] >= t_score[rows, 0]).int()
-        ranks[idx] = (count - self_count).long()
+            if j != target_tiles[-1]:
+                count_into(tile_of(u, j), j, col, count, self_count)
+        ranks[idx] = count - self_count
     return ranks
 
 
