@@ -518,7 +518,8 @@ def tiled_target_ranks(
     buffer, see :func:`torch_topk_tiled`), so that scores equal in those products (a
     degenerate model's, duplicate items') count against the target as in
     :func:`target_ranks`. The users are sorted by target, so a block of users has its
-    targets in one or two tiles: those tiles are computed first for the target scores
+    targets in few tiles (one or two where users outnumber items): those tiles are
+    computed first for the target scores
     (the same call on the same buffers as in the counting pass, hence the same values),
     then every tile adds its count of scores at or above them (the last target tile,
     still in the buffer, without a second product), and the target's own column is
@@ -537,6 +538,8 @@ def tiled_target_ranks(
         )
     if target.numel() and (target.min() < 1 or target.max() >= n):
         raise ValueError(f"target ids must be in 1..{n - 1} (0 is padding)")
+    if user_vecs.shape[0] == 0:
+        return torch.empty(0, dtype=torch.long, device=user_vecs.device)
     dtype = torch.promote_types(user_vecs.dtype, item_vecs.dtype)
     users, items = user_vecs.to(dtype), item_vecs.to(dtype)
     if users.numel() and items.numel():
@@ -560,7 +563,7 @@ def tiled_target_ranks(
     def count_into(tile: Tensor, j: int, col: Tensor, count: Tensor, self_count: Tensor) -> None:
         # the tile becomes its own 0/1 indicator of "at or above the target" in place,
         # and a float row sum counts it, ~6x cheaper than a comparison into a bool
-        # tensor with an integer sum; exact: a row holds fewer than 2^24 ones, summed
+        # tensor with an integer sum; exact: a row holds at most 2^24 ones, summed
         # in float32 at least (half precision holds integers only to 256 or 2048)
         above = tile.ge_(t_score)
         count += above.sum(1, dtype=wide).long()

@@ -321,6 +321,25 @@ def test_tiled_ranks_count_equal_scores_against_the_target():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):  # float64: GEMM ties vary
         r = tiled_target_ranks(u[:50].to(dtype), same.to(dtype), torch.randint(1, 300, (50,)))
         assert (r == 298).all(), dtype  # every other real item ties: rank N - 2
+    # float16 holds integers exactly only to 2048: a row of 4,999 ties is summed wider
+    many = same[:1].expand(5000, 64).contiguous().half()
+    r = tiled_target_ranks(u[:20].half(), many, torch.randint(1, 5000, (20,)))
+    assert (r == 4998).all()
+
+
+def test_tiled_ranks_of_no_users_and_the_tile_bounds() -> None:
+    """No users: an empty result from both entry points; tile widths up to 2^24 (the
+    float row sums' exact range) are accepted, wider ones refused."""
+    u, it = torch.randn(0, 4), torch.randn(10, 4)
+    none = torch.zeros(0, dtype=torch.long)
+    for ranks in (tiled_target_ranks(u, it, none), chunked_target_ranks(u, it, none)):
+        assert ranks.shape == (0,) and ranks.dtype == torch.long
+    users = torch.randn(3, 4)
+    target = torch.tensor([1, 5, 9])
+    want = target_ranks(users @ it.T, target)
+    assert torch.equal(tiled_target_ranks(users, it, target, tile_columns=2**24), want)
+    with pytest.raises(ValueError, match="2\\^24"):
+        tiled_target_ranks(users, it, target, tile_columns=2**24 + 1)
 
 
 def test_ranking_helpers_take_parameters_that_require_grad():
