@@ -560,22 +560,22 @@ def tiled_target_ranks(
         w = min(tile_columns, real - j)
         return torch.mm(u, items_t[:, j : j + w], out=buf[: u.shape[0], :w])  # (c, w)
 
-    def count_into(tile: Tensor, j: int, col: Tensor, count: Tensor, self_count: Tensor) -> None:
+    def count_into(tile: Tensor, j: int, t_score: Tensor, col: Tensor, counts: Tensor) -> None:
         # the tile becomes its own 0/1 indicator of "at or above the target" in place,
         # and a float row sum counts it, ~6x cheaper than a comparison into a bool
         # tensor with an integer sum; exact: a row holds at most 2^24 ones, summed
         # in float32 at least (half precision holds integers only to 256 or 2048)
+        # counts: (2, c), the counts at or above the target and the target's own (0 / 1)
         above = tile.ge_(t_score)
-        count += above.sum(1, dtype=wide).long()
+        counts[0] += above.sum(1, dtype=wide).long()
         rows = ((col >= j) & (col < j + above.shape[1])).nonzero().squeeze(1)
         if rows.numel():  # the target itself: at or above its own score
-            self_count[rows] = above[rows, col[rows] - j].long()
+            counts[1, rows] = above[rows, col[rows] - j].long()
 
     for u, col, idx in zip(users.split(tile_users), tgt.split(tile_users), order.split(tile_users)):
         c = u.shape[0]
         t_score = u.new_empty(c, 1)
-        count = torch.zeros(c, dtype=torch.long, device=users.device)
-        self_count = torch.zeros(c, dtype=torch.long, device=users.device)
+        counts = torch.zeros(2, c, dtype=torch.long, device=users.device)
         target_tiles = (
             col.div(tile_columns, rounding_mode="floor").unique() * tile_columns
         ).tolist()
@@ -585,11 +585,11 @@ def tiled_target_ranks(
             t_score[rows, 0] = tile[rows, col[rows] - j]
         # the last target tile is still in the buffer, and every target score is known:
         # it is counted now, not computed again
-        count_into(tile, target_tiles[-1], col, count, self_count)
+        count_into(tile, target_tiles[-1], t_score, col, counts)
         for j in range(0, real, tile_columns):
             if j != target_tiles[-1]:
-                count_into(tile_of(u, j), j, col, count, self_count)
-        ranks[idx] = count - self_count
+                count_into(tile_of(u, j), j, t_score, col, counts)
+        ranks[idx] = counts[0] - counts[1]
     return ranks
 
 
