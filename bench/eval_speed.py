@@ -27,6 +27,7 @@ from bft_lightning.metrics.ranking import (
     TILE_USERS,
     chunked_target_ranks,
     faiss_topk,
+    fast_bf16_matmul,
     tiled_target_ranks,
     torch_topk_chunked,
     torch_topk_tiled,
@@ -95,9 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"U={args.users} N={args.items} d={args.dim} k={args.k} threads={args.threads}")
     print(f"bound: {tu}x{tc} tiles; each path is timed right after its own bound run, as")
     print("the machine's speed can drift between paths (other tenants, clocks)")
+    print(f"bfloat16 screen of the tiled top-k: {'on' if fast_bf16_matmul() else 'off'} (this CPU)")
     paths: list[tuple[str, Callable[[], object]]] = [
         ("fresh chunk GEMMs", lambda: fresh_chunk_matmul(users, items[1:], args.chunk)),
         ("torch tiled top-k", lambda: torch_topk_tiled(users, items, args.k)[1]),
+        (
+            "  float32 tiles only",
+            lambda: torch_topk_tiled(users, items, args.k, screen=False)[1],
+        ),
         (
             "torch chunked top-k",
             lambda: torch_topk_chunked(users, items, args.k, args.chunk, tiled=False)[1],
@@ -126,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"full ranks equal (tiled vs chunked): {same_r.item():.4%} of users")
     same_c = (ids_t.sort(1).values == ids_c.sort(1).values).all(1).float().mean()
     print(f"top-k sets equal (tiled vs chunked): {same_c.item():.4%} of users")
+    ids_32 = outs["  float32 tiles only"]
+    same_s = (ids_t.sort(1).values == ids_32.sort(1).values).all(1).float().mean()
+    print(f"top-k sets equal (tiled, screened vs float32 tiles): {same_s.item():.4%} of users")
     same = (ids_t.sort(1).values == ids_f.sort(1).values).all(1).float().mean()
     print(f"top-k sets equal (torch vs faiss): {same.item():.4%} of users")
 

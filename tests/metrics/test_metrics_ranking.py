@@ -363,3 +363,163 @@ def test_tiled_topk_with_a_large_k_gathers_candidates_in_parts(monkeypatch):
     v, i = R.torch_topk_tiled(u.double(), it.double(), 40, tile_columns=512)
     want_v, want_i = (u.double() @ it[1:].double().T).topk(40, dim=1)
     assert torch.equal(i, want_i + 1) and torch.allclose(v, want_v)
+
+
+# ----------------------------------------------------------------- bfloat16 screen
+needs_bf16_sums = pytest.mark.skipif(
+    not ranking.bf16_matmul_accumulates_in_float32(),
+    reason="this CPU's bfloat16 matrix product does not sum in float32",
+)
+
+
+def _float64_topk_sets(u, it, k):
+    """The reference top-k ids (padding left out) and the smallest gap between the
+    k-th and the (k+1)-th score, which must exceed float32 rounding for a fair test."""
+    full = u.double() @ it[1:].double().T
+    top = full.topk(k + 1, dim=1).values
+    ids = full.topk(k, dim=1).indices + 1
+    return ids.sort(1).values, (top[:, k - 1] - top[:, k]).min().item()
+
+
+@needs_bf16_sums
+@pytest.mark.parametrize("users, items, dim, k, tile_users, tile_columns, group", [
+    (300, 20001, 64, 10, 128, 4096, 8),  # several blocks and tiles, tail columns
+    (70, 6000, 33, 5, 32, 1000, 8),       # an odd dimension, a partial last block
+    (40, 3000, 16, 25, 40, 512, 4),       # k larger than the extra groups
+    (9, 200, 8, 1, 4, 4096, 16),          # 12 groups, all of them picked; 8 tail columns
+])  # fmt: skip
+def test_screened_topk_equals_the_float64_top_k(
+    users, items, dim, k, tile_users, tile_columns, group
+):
+    u, it = _vectors(users=users, items=items, dim=dim, seed=users + items)
+    want, gap = _float64_topk_sets(u, it, k)
+    assert gap > 1e-5  # no near-tie that float32 rounding could flip
+    kw = dict(tile_users=tile_users, tile_columns=tile_columns, group=group)
+    v, i = torch_topk_tiled(u, it, k, screen=True, **kw)
+    assert torch.equal(i.sort(1).values, want)
+    v32, i32 = torch_topk_tiled(u, it, k, screen=False, **kw)
+    assert torch.equal(i.sort(1).values, i32.sort(1).values)
+    assert torch.allclose(v, v32, rtol=1e-6, atol=1e-5)  # float32 scores, best first
+    assert torch.equal(v, v.sort(1, descending=True).values)
+
+
+@needs_bf16_sums
+def test_screened_topk_falls_back_where_near_ties_crowd_the_bound(monkeypatch):
+    """3,000 items within ~1e-2 of one vector that 16 users score far above the
+    rest: more groups lie within the screen's bound of their k-th score than it
+    rescores, so those users are scored in full; the result is still the exact
+    top k."""
+    g = torch.Generator().manual_seed(6)
+    u = torch.randn(64, 32, generator=g)
+    it = torch.randn(20001, 32, generator=g)
+    direction = u[:16].mean(0)
+    direction /= direction.norm()
+    it[1:3001] = 10.0 * direction + 1e-2 * torch.randn(3000, 32, generator=g)
+    u[:16] = direction + 0.01 * torch.randn(16, 32, generator=g)
+    unsettled = []
+    select = ranking._Screen.select
+
+    def spy(self, maxima, a):
+        best, settled = select(self, maxima, a)
+        unsettled.append(int((~settled).sum()))
+        return best, settled
+
+    monkeypatch.setattr(ranking._Screen, "select", spy)
+    want, gap = _float64_topk_sets(u, it, 10)
+    assert gap > 1e-5
+    _, i = torch_topk_tiled(u, it, 10, tile_users=32, screen=True)
+    assert sum(unsettled) >= 16  # the aligned users took the fallback
+    assert torch.equal(i.sort(1).values, want)
+
+
+@needs_bf16_sums
+@pytest.mark.parametrize("scale_u, scale_i", [(1e-18, 1e-15), (1e12, 1e10), (1.0, 1e-30)])
+def test_screened_topk_is_exact_at_any_scale(scale_u, scale_i):
+    """The bound scales with the vectors (no absolute tolerance hides in it)."""
+    u, it = _vectors(users=50, items=8001, dim=24, seed=9)
+    u, it = u * scale_u, it * scale_i
+    want, _ = _float64_topk_sets(u, it, 10)
+    _, i = torch_topk_tiled(u, it, 10, screen=True)
+    assert torch.equal(i.sort(1).values, want)
+
+
+@needs_bf16_sums
+@pytest.mark.parametrize("dim, items, scale", [
+    (1, 3000, 1.0), (2, 3000, 1.0), (64, 5000, 1.0), (512, 2000, 1.0),
+    (16, 2000, 1e-20),  # products below 2^-126: the hardware flushes them to zero
+])  # fmt: skip
+def test_screen_bound_holds_for_every_score(dim, items, scale):
+    """The certificate itself, on the tile products as the top-k makes them (column
+    slices of the bfloat16 items into a reused buffer): every screened, centred
+    score is within its user's bound plus the rounding term of the exact one, for
+    heavy-tailed vectors; at d = 1, 2 the bound is nearly reached (half of it would
+    fail), and for tiny vectors only the flush term covers the error."""
+    g = torch.Generator().manual_seed(dim)
+    users = torch.randn(40, dim, generator=g) * torch.rand(40, 1, generator=g).pow(-2)
+    it = torch.randn(items, dim, generator=g).pow(3) * scale
+    users = users * scale
+    scr = ranking._Screen(it, k=10, picked=24)
+    ub, bound = scr.block(users)
+    width = 1000
+    buf = torch.empty(40, width, dtype=torch.bfloat16)
+    worst = 0.0
+    for j0 in range(0, items, width):
+        w = min(width, items - j0)
+        tile = torch.mm(ub, scr.items_t[:, j0 : j0 + w], out=buf[:, :w]).double()
+        exact = users.double() @ it[j0 : j0 + w].double().T + ub[:, -1:].double()
+        slack = bound[:, None] + ranking._ROUND_BF16 * tile.abs()
+        assert ((tile - exact).abs() <= slack).all()
+        worst = max(worst, ((tile - exact).abs() / slack).max().item())
+    if dim <= 2:
+        assert worst > 0.5  # a bound half as large would not hold
+
+
+@needs_bf16_sums
+@pytest.mark.parametrize("k", [10, 50])
+def test_screen_settles_most_users(monkeypatch, k):
+    """On Gaussian vectors the bound settles the top k of nearly every user (the
+    rescored groups grow with k), so the screen does not turn into the fallback."""
+    counts = []
+    select = ranking._Screen.select
+
+    def spy(self, maxima, a):
+        best, settled = select(self, maxima, a)
+        counts.append((int(settled.sum()), settled.numel()))
+        return best, settled
+
+    monkeypatch.setattr(ranking._Screen, "select", spy)
+    u, it = _vectors(users=600, items=20001, dim=64, seed=k)
+    torch_topk_tiled(u, it, k, screen=True)
+    settled, total = map(sum, zip(*counts))
+    assert total == 600 and settled >= 0.95 * total
+
+
+def test_screen_samples_items_past_2_24():
+    """The centre's sample indices stay in range where float32 cannot hold n - 1."""
+    scr = ranking._Screen(torch.zeros(2**24 + 4, 1), k=1, picked=15)
+    assert scr.sample_t.shape == (1, ranking.SCREEN_SAMPLE)
+
+
+def test_topk_over_tiles_equals_topk():
+    u, it = _vectors(users=7, items=1000, dim=8, seed=2)
+    v, i = ranking._topk_over_tiles(u, it.T.contiguous(), 9, width=64)  # last tile: 40
+    want_v, want_i = (u @ it.T).topk(9, dim=1)
+    assert torch.equal(i, want_i) and torch.equal(v, want_v)
+
+
+def test_screen_is_skipped_where_it_cannot_be_bounded():
+    """float64 inputs, non-finite or overflowing vectors: the float32 tiles only."""
+    u, it = _vectors(users=20, items=3001, dim=8, seed=4)
+    assert not ranking._screen_applies(u.double(), it.double(), True, 5)
+    bad = it.clone()
+    bad[7, 0] = math.inf
+    assert not ranking._screen_applies(u, bad, True, 5)
+    assert not ranking._screen_applies(u * 1e20, it * 1e20, True, 5)
+    assert not ranking._screen_applies(u, it, False, 5)
+    assert not ranking._screen_applies(u, it, None, 5)  # 3,000 items: too few to pay
+    assert isinstance(ranking.fast_bf16_matmul(), bool)
+    v, i = torch_topk_tiled(u[:0], it, 5, screen=None)  # no users: empty results
+    assert v.shape == i.shape == (0, 5) and i.dtype == torch.long
+    v, i = torch_topk_tiled(u, it, 5)  # the default (screened or not) is the exact top-k
+    want, _ = _float64_topk_sets(u, it, 5)
+    assert torch.equal(i.sort(1).values, want)
