@@ -107,9 +107,20 @@ def _block(
         base = bias[..., s0:s1].reshape(b * h, 1, s).to(qc.dtype).expand(b * h, c, s)
         scores = torch.baddbmm(base, qc, kt[:, :, s0:s1])
     block = allowed[:, :, i0:i1, s0:s1]
-    scores = scores.view(b, h, c, s).masked_fill_(~block, masked_value(scores.dtype))
-    p = torch.softmax(scores, dim=-1)
-    return p, block.any(dim=-1, keepdim=True).to(p.dtype), scores
+    scores = scores.view(b, h, c, s)
+    if scores.dtype in (torch.float32, torch.float64):
+        # the mask as an additive 0 / -1e30 bias, read from the bools as bytes: on a
+        # CPU, PyTorch's bool kernels (masked_fill with a mask broadcast over heads,
+        # any) ran ~9x slower at (128, 2, 50, 50) and ~6x at (64, 2, 200, 200) than
+        # a byte-to-float cast, a row sum and an add; s - 1e30 rounds to -1e30
+        # (the reference's fill) for |s| < 2^75
+        add = block.view(torch.uint8).to(scores.dtype)  # (B, 1, c, s): 1 = allowed
+        has_key = add.sum(dim=-1, keepdim=True).clamp_max_(1.0)
+        scores.add_(add.mul_(-MASKED).add_(MASKED))
+    else:  # half types: -1e30 would overflow, the fill is the dtype's lowest
+        scores.masked_fill_(~block, masked_value(scores.dtype))
+        has_key = block.any(dim=-1, keepdim=True).to(scores.dtype)
+    return torch.softmax(scores, dim=-1), has_key, scores
 
 
 def _scaled_queries(q: Tensor, with_bias: bool) -> Tensor:
@@ -245,6 +256,8 @@ def _keep_bits(p: Tensor, dropout_p: float, seed: int, index: int) -> tuple[Tens
     words.random_(-(2**63), None, generator=gen)  # the full 64-bit range
     bits = words.view(torch.int16)[:count].view(p.shape)  # uniform on -2^15 .. 2^15 - 1
     threshold = n - _MASK_LEVELS // 2  # P(bits < threshold) = n / 2^16
+    # (callers multiply by the mask viewed as bytes: float x uint8 ran ~3x faster than
+    # float x bool on a CPU, the same values)
     return bits < threshold, _MASK_LEVELS / n
 
 
@@ -305,7 +318,7 @@ class _ChunkedKriging(torch.autograd.Function):
                 # the kept weights unscaled (p m, into the scratch buffer); the factor
                 # 2^16 / n goes on the (c x d_h) product
                 bits, factor = _keep_bits(p, dropout_p, seed, index)
-                dropped = torch.mul(p, bits, out=scratch)
+                dropped = torch.mul(p, bits.view(torch.uint8), out=scratch)  # see _keep_bits
                 torch.mul(dropped @ v[:, :, s0:s1], has_key * factor, out=out[:, :, i0:i1])
             if keep_weights:
                 kept = [p, has_key, dropped]
@@ -411,7 +424,7 @@ class _ChunkedKriging(torch.autograd.Function):
                     g_out[:, :, i0:i1], has_key * factor, out=p.new_empty(*p.shape[:3], dv)
                 )
                 if dropped is None:
-                    bits = _keep_bits(p, dropout_p, seed, index)[0]
+                    bits = _keep_bits(p, dropout_p, seed, index)[0].view(torch.uint8)
                     dropped = torch.mul(p, bits, out=scratch) if scratch is not None else p * bits
                 dv_aug = _accumulate(
                     dv_aug, v_aug, (s0, s1), dropped.transpose(-1, -2) @ go, channels=dv

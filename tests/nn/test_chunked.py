@@ -454,3 +454,22 @@ def test_projection_views_in_heads_merge_as_views(dropout, chunk):
     for a, r in zip(grads_view, grads_cont, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
         assert a.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_block_mask_equals_a_fill_of_the_blocked_scores(dtype):
+    """The additive mask (float32 / float64) gives bit for bit the weights of a fill
+    with the blocked value, also for large scores and rows with no key (uniform
+    weights, has_key 0); half types take the fill itself."""
+    from bft_lightning.nn.chunked import _block, masked_value
+
+    q, k, _, bias, allowed = _inputs(3, 2, 9, 4, True, 3, seed=1, dtype=dtype)
+    q = q * 1e6  # scores up to ~1e13: s - 1e30 must still round to -1e30
+    qs = q.contiguous()
+    kt = k.transpose(-1, -2).contiguous().reshape(6, 4, 9)
+    p, has_key, _ = _block(qs, kt, allowed, (0, 9, 0, 9), bias)
+    scores = torch.baddbmm(bias.reshape(6, 1, 9), qs.reshape(6, 9, 4), kt).view(3, 2, 9, 9)
+    want = torch.softmax(scores.masked_fill(~allowed, masked_value(dtype)), dim=-1)
+    assert torch.equal(p, want)
+    assert torch.equal(has_key, allowed.any(-1, keepdim=True).to(dtype))
+    assert (has_key == 0).any()  # rows with no key were exercised
