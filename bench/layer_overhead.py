@@ -131,8 +131,11 @@ def measure(
         for _ in range(3 if compile_ else 1):
             step(m, x, pad)
     times: dict[str, list[float]] = {"off": [], "on": []}
-    for _ in range(reps):
-        for name, m in models.items():
+    for r in range(reps):
+        # alternating order: a step right after the other twin's runs in the state
+        # that step left (caches, freed memory), which a fixed order gives one twin only
+        for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            m = models[name]
             m.zero_grad(set_to_none=True)
             times[name].append(timed(m, x, pad, device))
     mem = {name: peak_memory(m, x, pad, device) for name, m in models.items()}
