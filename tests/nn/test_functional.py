@@ -102,6 +102,26 @@ def test_masked_softmax_empty_row_is_zero() -> None:
     torch.testing.assert_close(p[0].sum(), torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_masked_softmax_equals_a_fill_with_minus_inf(dtype) -> None:
+    """Bit for bit the weights of a fill of the blocked entries with -inf (and all
+    zeros for a row with no key), for a mask broadcast over heads and large
+    scores; gradients through an empty row are 0, not NaN."""
+    g = torch.Generator().manual_seed(0)
+    scale = 1e4 if dtype == torch.float16 else 1e6  # float16 ends at 65504
+    s = (torch.randn(3, 2, 5, 7, generator=g) * scale).to(dtype).requires_grad_()
+    allowed = torch.rand(3, 1, 5, 7, generator=g) > 0.5
+    allowed[0, 0, 1] = False  # a row with no key
+    p = masked_softmax(s, allowed)
+    has_key = allowed.any(-1, keepdim=True)
+    want = torch.softmax(s.detach().masked_fill(~allowed, float("-inf")), dim=-1)
+    want = torch.where(has_key, want, torch.zeros_like(want))
+    assert torch.equal(p.detach(), want)
+    p.sum().backward()
+    assert s.grad is not None and torch.isfinite(s.grad).all()
+    assert (s.grad[0, :, 1] == 0).all()
+
+
 def test_gradcheck_functional_pieces() -> None:
     d = torch.float64
     lp = torch.randn(2, 3, 2, dtype=d, requires_grad=True)
