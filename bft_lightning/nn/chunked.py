@@ -45,6 +45,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from bft_lightning.nn.functional import mask_weights
+
 MASKED = -1e30  # finite, as in the reference path: an empty row stays finite
 
 
@@ -109,12 +111,11 @@ def _block(
     block = allowed[:, :, i0:i1, s0:s1]
     scores = scores.view(b, h, c, s)
     if scores.dtype in (torch.float32, torch.float64):
-        # the mask as an additive 0 / -1e30 bias, read from the bools as bytes: on a
-        # CPU, PyTorch's bool kernels (masked_fill with a mask broadcast over heads,
-        # any) ran ~9x slower at (128, 2, 50, 50) and ~6x at (64, 2, 200, 200) than
-        # a byte-to-float cast, a row sum and an add; s - 1e30 rounds to -1e30
-        # (the reference's fill) for |s| < 2^75
-        add = block.view(torch.uint8).to(scores.dtype)  # (B, 1, c, s): 1 = allowed
+        # the mask as an additive 0 / -1e30 bias (mask_weights: on a CPU, PyTorch's
+        # bool kernels, masked_fill with a mask broadcast over heads and any, ran ~9x
+        # slower at (128, 2, 50, 50) and ~6x at (64, 2, 200, 200) than a cast, a row
+        # sum and an add); s - 1e30 rounds to -1e30 (the reference's fill) for |s| < 2^75
+        add = mask_weights(block, scores.dtype)  # (B, 1, c, s): 1 = allowed
         has_key = add.sum(dim=-1, keepdim=True).clamp_max_(1.0)
         scores.add_(add.mul_(-MASKED).add_(MASKED))
     else:  # half types: -1e30 would overflow, the fill is the dtype's lowest
