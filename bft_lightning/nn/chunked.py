@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from bft_lightning.nn.functional import mask_weights
+from bft_lightning.nn.functional import mask_bias
 
 MASKED = -1e30  # finite, as in the reference path: an empty row stays finite
 
@@ -111,13 +111,12 @@ def _block(
     block = allowed[:, :, i0:i1, s0:s1]
     scores = scores.view(b, h, c, s)
     if scores.dtype in (torch.float32, torch.float64):
-        # the mask as an additive 0 / -1e30 bias (mask_weights: on a CPU, PyTorch's
-        # bool kernels, masked_fill with a mask broadcast over heads and any, ran ~9x
+        # the mask as an additive 0 / -1e30 bias (mask_bias: on a CPU, PyTorch's bool
+        # kernels, masked_fill with a mask broadcast over heads and any, ran ~9x
         # slower at (128, 2, 50, 50) and ~6x at (64, 2, 200, 200) than a cast, a row
-        # sum and an add); s - 1e30 rounds to -1e30 (the reference's fill) for |s| < 2^75
-        add = mask_weights(block, scores.dtype)  # (B, 1, c, s): 1 = allowed
-        has_key = add.sum(dim=-1, keepdim=True).clamp_max_(1.0)
-        scores.add_(add.mul_(-MASKED).add_(MASKED))
+        # sum and an add); s - 1e30 rounds to -1e30 (MASKED, the reference's fill)
+        bias, has_key = mask_bias(block, scores.dtype)  # (B, 1, c, s), (B, 1, c, 1)
+        scores.add_(bias)
     else:  # half types: -1e30 would overflow, the fill is the dtype's lowest
         scores.masked_fill_(~block, masked_value(scores.dtype))
         has_key = block.any(dim=-1, keepdim=True).to(scores.dtype)

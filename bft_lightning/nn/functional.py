@@ -102,6 +102,16 @@ def mask_weights(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return allowed.view(torch.uint8).to(dtype)
 
 
+def mask_bias(allowed: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """A bool mask (..., S) as an additive bias (0 allowed, -1e30 blocked) and each
+    row's has-key flag (..., 1) as 0 / 1, both in ``dtype`` (:func:`mask_weights`).
+    Added to scores, the bias gives -1e30 exactly for |s| < 2^75 (not for float16,
+    whose range ends at 65504)."""
+    ok = mask_weights(allowed, dtype)
+    has_key = ok.sum(dim=-1, keepdim=True).clamp_max_(1.0)
+    return ok.sub_(1.0).mul_(1e30), has_key
+
+
 def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the last dim in which rows with no allowed entry give all zeros.
 
@@ -115,10 +125,8 @@ def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
         has_key = allowed.any(dim=-1, keepdim=True)
         p = torch.softmax(scores.masked_fill(~(allowed | ~has_key), float("-inf")), dim=-1)
         return p * has_key.to(p.dtype)
-    ok = mask_weights(allowed, scores.dtype)
-    has_key = ok.sum(dim=-1, keepdim=True).clamp_max_(1.0)
-    p = torch.softmax(scores + ok.sub_(1.0).mul_(1e30), dim=-1)  # 0 allowed, -1e30 blocked
-    return p * has_key
+    bias, has_key = mask_bias(allowed, scores.dtype)
+    return torch.softmax(scores + bias, dim=-1) * has_key
 
 
 def kish_n_eff(sum_p_sq: Tensor) -> Tensor:
