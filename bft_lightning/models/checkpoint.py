@@ -8,14 +8,21 @@ The layout is the one Hugging Face ships (TinyLlama, Llama 2, ...):
   ``pytorch_model.bin`` (or its sharded index) is read with ``weights_only=True``;
 - ``tokenizer.json``: a ``tokenizers`` tokenizer (the fast-tokenizer file).
 
+A BFT model writes its filter state next to these (files that Llama readers,
+``transformers`` included, do not read): ``bft_options.json`` (the options it
+was built with) and ``bft.safetensors`` (prior, process noise, sill, gate).
+
 Nothing here touches the network: a missing file is an error that names the
 directory's contents and what was expected.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
+import os
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +35,9 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+BFT_OPTIONS_FILE = "bft_options.json"
+BFT_WEIGHTS_FILE = "bft.safetensors"
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 class CheckpointError(FileNotFoundError):
@@ -81,7 +91,7 @@ def weight_files(directory: str | Path) -> list[Path]:
             return [path / n for n in names]
         if (path / single).is_file():
             return [path / single]
-    loose = sorted(path.glob("*.safetensors"))
+    loose = sorted(p for p in path.glob("*.safetensors") if p.name != BFT_WEIGHTS_FILE)
     if loose:
         return loose
     raise CheckpointError(
@@ -112,18 +122,24 @@ def write_checkpoint(
     config: dict,
     state_dict: dict[str, Tensor],
     max_shard_bytes: int | None = None,
+    bft_options: dict | None = None,
+    bft_state: dict[str, Tensor] | None = None,
 ) -> list[Path]:
     """Write ``config.json`` and safetensors weights, sharded above ``max_shard_bytes``.
 
     Sharded output follows the Hugging Face layout (``model-0000i-of-0000N.safetensors``
-    plus ``model.safetensors.index.json``). Returns the weight files written.
-    """
-    from safetensors.torch import save_file
+    plus ``model.safetensors.index.json``). ``bft_options`` and ``bft_state``, when
+    given, go to ``bft_options.json`` and ``bft.safetensors``. Returns the weight
+    files written.
 
+    Every file is first written under a temporary name and renamed into place
+    once all are complete (``config.json`` last), so an interrupted write leaves
+    no half-written file under a real name. Files of an earlier write into the
+    same directory that this one does not replace (other shards or index, BFT
+    files) are removed, so that they cannot be read as part of this checkpoint.
+    """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    with (path / CONFIG_FILE).open("w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
@@ -135,19 +151,85 @@ def write_checkpoint(
         shards[-1][name] = tensor
         size += nbytes
     meta = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(path / SAFETENSORS_FILE), metadata=meta)
-        return [path / SAFETENSORS_FILE]
-    files, weight_map = [], {}
-    for i, shard in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / name), metadata=meta)
-        files.append(path / name)
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    with (path / SAFETENSORS_INDEX).open("w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    staged: list[tuple[Path, Path]] = []  # (temporary, final)
+
+    def stage(name: str, write: Callable[[Path], object]) -> Path:
+        final = path / name
+        tmp = path / f".{name}.tmp-{os.getpid()}"
+        write(tmp)
+        staged.append((tmp, final))
+        return final
+
+    def stage_json(name: str, obj: object) -> None:
+        def write(tmp: Path) -> None:
+            with tmp.open("w", encoding="utf-8") as f:
+                json.dump(obj, f, indent=2, sort_keys=True)
+
+        stage(name, write)
+
+    try:
+        files: list[Path] = []
+        if len(shards) == 1:
+            files.append(stage(SAFETENSORS_FILE, functools.partial(_save, shards[0], meta)))
+        else:
+            weight_map: dict[str, str] = {}
+            for i, shard in enumerate(shards, start=1):
+                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                files.append(stage(name, functools.partial(_save, shard, meta)))
+                weight_map.update(dict.fromkeys(shard, name))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            stage_json(SAFETENSORS_INDEX, index)
+        if bft_state:
+            bft = {k: v.detach().contiguous().cpu() for k, v in bft_state.items()}
+            stage(BFT_WEIGHTS_FILE, functools.partial(_save, bft, meta))
+        if bft_options is not None:
+            stage_json(BFT_OPTIONS_FILE, bft_options)
+        stage_json(CONFIG_FILE, config)
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        for tmp in path.glob(f".*.tmp-{os.getpid()}"):
+            tmp.unlink(missing_ok=True)
+        raise
+    written = {final.name for _, final in staged}
+    # an earlier write's files that this one does not replace: removed before the new
+    # files take their names, so an interruption here leaves an incomplete directory
+    # (a clear error on reading) rather than a stale index that a reader would follow
+    for old in path.iterdir():
+        ours = old.name in (SAFETENSORS_FILE, SAFETENSORS_INDEX, BFT_OPTIONS_FILE, BFT_WEIGHTS_FILE)
+        if (ours or _SHARD.fullmatch(old.name)) and old.name not in written:
+            old.unlink()
+    for tmp, final in staged:  # config.json last
+        os.replace(tmp, final)
     return files
+
+
+def _save(tensors: dict[str, Tensor], metadata: dict[str, str], file: Path) -> None:
+    import safetensors.torch  # looked up at call time (a test replaces save_file)
+
+    safetensors.torch.save_file(tensors, str(file), metadata=metadata)
+
+
+def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor]]:
+    """The BFT options and tensors a BFT model wrote next to its Llama files
+    (:func:`write_checkpoint`): ``(None, {})`` for a plain Llama checkpoint."""
+    path = _require_dir(directory)
+    options = None
+    if (path / BFT_OPTIONS_FILE).is_file():
+        try:
+            with (path / BFT_OPTIONS_FILE).open(encoding="utf-8") as f:
+                options = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path / BFT_OPTIONS_FILE}: not valid JSON ({e})") from e
+        if not isinstance(options, dict):
+            raise ValueError(f"{path / BFT_OPTIONS_FILE}: expected a JSON object")
+    tensors: dict[str, Tensor] = {}
+    if (path / BFT_WEIGHTS_FILE).is_file():
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path / BFT_WEIGHTS_FILE))
+    return options, tensors
 
 
 @dataclass

@@ -23,6 +23,7 @@ Precision (``precision="on"``):
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import cast
@@ -39,6 +40,13 @@ from bft_lightning.nn.prior import PrecisionPrior
 from bft_lightning.nn.stats import FilterStats, find_filter_layers
 
 GATE_BIAS_PRETRAINED = 4.0  # sigmoid(4) = 0.982: a new gate on a loaded model starts near open
+# the state-dict entries that a Llama checkpoint lacks: the BFT filter state and the gate
+_BFT_KEYS = (".rho", ".sill", "model.prior.", ".attn_gate.")
+
+
+def is_bft_key(name: str) -> bool:
+    """Whether a state-dict entry belongs to BFT (prior, ``rho``, sill, gate), not to Llama."""
+    return any(s in name for s in _BFT_KEYS)
 
 
 @dataclass
@@ -301,6 +309,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, bft)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # whether every BFT tensor came from a saved model (:meth:`load_bft_state`)
+        self.bft_state_loaded = False
         if not self.lm_head.weight.is_meta:
             self.reset_parameters()
 
@@ -412,8 +422,7 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight", None)
         missing, unexpected = self.load_state_dict(sd, strict=False)
-        bft_keys = (".rho", ".sill", "model.prior.", ".attn_gate.")
-        missing = [k for k in missing if not any(s in k for s in bft_keys)]
+        missing = [k for k in missing if not is_bft_key(k)]
         if self.config.tie_word_embeddings:
             missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
@@ -432,14 +441,30 @@ class LlamaForCausalLM(nn.Module):
     ) -> LlamaForCausalLM:
         """Build from a local Llama-format directory (``config.json`` + safetensors).
 
-        BFT parameters the checkpoint lacks start as follows: the prior is
-        uniform in RMSNorm units per token id (``log tau_i = -2 log rms(e_i)``,
-        which by the delta rule leaves layer-0 attention exactly softmax); a
-        sigmoid gate starts nearly open (weight 0, bias ``GATE_BIAS_PRETRAINED``).
-        Call :func:`calibrate_precision` on a batch before training to set
-        ``c``, ``Q`` and the sill (``LanguageSFT`` does this on its first batch).
+        ``bft`` None takes the options a BFT model saved with
+        :meth:`save_pretrained` (``bft_options.json``), else the defaults
+        (``precision="off"``). The BFT tensors saved there (``bft.safetensors``)
+        are loaded where the model has them (a tensor the options do not use,
+        e.g. the prior under ``precision="off"``, is left out with a warning;
+        one of another shape is an error). BFT parameters the directory lacks
+        start as follows: the prior is uniform in RMSNorm units per token id
+        (``log tau_i = -2 log rms(e_i)``, which by the delta rule leaves layer-0
+        attention exactly softmax); a sigmoid gate starts nearly open (weight 0,
+        bias ``GATE_BIAS_PRETRAINED``). Then call :func:`calibrate_precision` on
+        a batch before training to set ``c``, ``Q`` and the sill (``LanguageSFT``
+        does this on its first batch, unless :attr:`bft_state_loaded`: every BFT
+        tensor came from the directory).
         """
         config = LlamaConfig.from_hf(ckpt.read_config(directory))
+        saved_options, saved_state = ckpt.read_bft_state(directory)
+        if bft is None and saved_options is not None:
+            known = {f.name for f in fields(BFTOptions)}
+            unknown = sorted(set(saved_options) - known)
+            if unknown:
+                raise ValueError(
+                    f"{Path(directory) / ckpt.BFT_OPTIONS_FILE}: unknown BFT options {unknown}"
+                )
+            bft = BFTOptions(**saved_options)
         state = ckpt.read_state_dict(directory, dtype)
         with torch.device("meta"):
             model = cls(config, bft)
@@ -449,7 +474,41 @@ class LlamaForCausalLM(nn.Module):
         if dtype is not None:
             model = model.to(dtype)
         model.init_bft_from_pretrained()
+        model.load_bft_state(saved_state, Path(directory) / ckpt.BFT_WEIGHTS_FILE)
         return model
+
+    @torch.no_grad()
+    def load_bft_state(self, tensors: dict[str, Tensor], source: str | Path = "BFT state") -> None:
+        """Copy saved BFT tensors (:meth:`bft_state`) into the model's own.
+
+        Sets :attr:`bft_state_loaded` when the model has BFT tensors and all of
+        them were given. A tensor the model does not have is left out with a
+        warning; one of another shape raises, naming ``source`` and the entry.
+        """
+        own = self.bft_state()
+        unused = sorted(k for k in tensors if k not in own)
+        if unused:
+            warnings.warn(
+                f"{source}: {len(unused)} BFT tensors that this model's options do not use "
+                f"were not loaded ({', '.join(unused[:4])}{' ...' if len(unused) > 4 else ''}); "
+                f"options: precision={self.bft.precision!r}, "
+                f"attention_gate={self.bft.attention_gate!r}",
+                stacklevel=2,
+            )
+        for name, value in tensors.items():
+            if name not in own:
+                continue
+            if own[name].shape != value.shape:
+                raise ValueError(
+                    f"{source}: {name} has shape {tuple(value.shape)}, but the model's is "
+                    f"{tuple(own[name].shape)} (other BFT options, e.g. groups or prior_width?)"
+                )
+            own[name].copy_(value)
+        self.bft_state_loaded = bool(own) and all(k in tensors for k in own)
+
+    def bft_state(self) -> dict[str, Tensor]:
+        """The model's BFT tensors (prior, ``rho``, sill, gate) by state-dict name."""
+        return {k: v for k, v in self.state_dict(keep_vars=True).items() if is_bft_key(k)}
 
     @torch.no_grad()
     def init_bft_from_pretrained(self) -> None:
@@ -472,15 +531,26 @@ class LlamaForCausalLM(nn.Module):
             prior.log_tau.weight.copy_(-log_rms2.unsqueeze(1).expand_as(prior.log_tau.weight))
 
     def save_pretrained(self, directory: str | Path, max_shard_bytes: int | None = None) -> None:
-        """Write ``config.json`` and the Llama weights (no BFT tensors) as safetensors."""
-        llama = {
-            k: v
-            for k, v in self.state_dict().items()
-            if not any(s in k for s in (".rho", ".sill", "model.prior.", ".attn_gate."))
-        }
+        """Write ``config.json`` and the Llama weights as safetensors (a directory
+        that Llama readers, ``transformers`` included, load as the plain model),
+        plus the BFT options (``bft_options.json``) and, when the model has any,
+        its BFT tensors (``bft.safetensors``), from which :meth:`from_pretrained`
+        rebuilds this model exactly. The sill is flushed first (its pending
+        statistics would otherwise be lost)."""
+        for layer in self.model.decoder_layers:
+            layer.flush_sill()
+        state = self.state_dict()
+        llama = {k: v for k, v in state.items() if not is_bft_key(k)}
         if self.config.tie_word_embeddings:
             llama.pop("lm_head.weight", None)
-        ckpt.write_checkpoint(directory, self.config.to_hf(), llama, max_shard_bytes)
+        ckpt.write_checkpoint(
+            directory,
+            self.config.to_hf(),
+            llama,
+            max_shard_bytes,
+            bft_options=asdict(self.bft),
+            bft_state={k: v for k, v in state.items() if is_bft_key(k)},
+        )
 
 
 def _inverse_softplus(q: Tensor) -> Tensor:

@@ -64,7 +64,9 @@ class LanguageSFT(L.LightningModule):
             ``checkpoint_dir``).
         checkpoint_dir: a local Llama-format directory (``config.json``,
             ``*.safetensors``); nothing is downloaded.
-        bft: precision ``off``/``on``, ``attention_gate``, groups, ...
+        bft: precision ``off``/``on``, ``attention_gate``, groups, ...; None takes
+            the options a BFT model exported to ``checkpoint_dir`` was saved with,
+            else the defaults (precision off).
         loss: ``"ce"`` or ``"focal"``.
         focal_gamma: ``gamma`` of the focal loss (0 gives cross-entropy).
         lr: AdamW learning rate.
@@ -74,10 +76,12 @@ class LanguageSFT(L.LightningModule):
         cosine: cosine decay to 0 after warm-up over the run.
         max_new_tokens: greedy answer length at evaluation.
         generate: evaluate EM/F1 by generation (False: loss only).
-        calibrate: calibrate a loaded model's precision on the first batch.
+        calibrate: calibrate a loaded model's precision on the first batch (not
+            when all its BFT tensors came from ``checkpoint_dir``: a BFT export).
         target_gain: the median Kalman gain calibration aims at.
-        export_dir: after ``fit``, write the model (Llama format, without BFT
-            tensors) and the data's tokenizer here.
+        export_dir: after ``fit``, write the model (Llama format, plus the BFT
+            options and tensors in files that Llama readers ignore:
+            :meth:`LlamaForCausalLM.save_pretrained`) and the data's tokenizer here.
         gradient_checkpointing: recompute each decoder layer in the backward pass
             (needed for BFT at TinyLlama scale: precision on materialises attention).
     """
@@ -112,17 +116,16 @@ class LanguageSFT(L.LightningModule):
             config = LlamaConfig(**config)
         if isinstance(bft, dict):
             bft = BFTOptions(**bft)
-        bft = bft or BFTOptions()
         if checkpoint_dir is not None and (config is None or Path(checkpoint_dir).is_dir()):
             self.model = LlamaForCausalLM.from_pretrained(checkpoint_dir, bft)
         else:  # from scratch, or reloading a Lightning checkpoint whose source dir is gone
             assert config is not None
-            self.model = LlamaForCausalLM(config, bft)
+            self.model = LlamaForCausalLM(config, bft or BFTOptions())
         # plain dicts in hparams (a Lightning checkpoint then loads with weights_only=True);
         # the architecture is kept even for a loaded model, so a checkpoint rebuilds without it
         self.save_hyperparameters(ignore=["config", "bft"])
         self.hparams["config"] = asdict(self.model.config)
-        self.hparams["bft"] = asdict(bft)
+        self.hparams["bft"] = asdict(self.model.bft)
         self.model.model.gradient_checkpointing = gradient_checkpointing
         self.loss_name, self.focal_gamma = loss, focal_gamma
         self.lr, self.weight_decay, self.prior_lr_scale = lr, weight_decay, prior_lr_scale
@@ -130,7 +133,8 @@ class LanguageSFT(L.LightningModule):
         self.max_new_tokens, self.generate, self.calibrate = max_new_tokens, generate, calibrate
         self.target_gain, self.export_dir = target_gain, export_dir
         self.pretrained = checkpoint_dir is not None
-        self.register_buffer("calibrated", torch.tensor(False))
+        # a BFT export's filter state was trained (or calibrated) already
+        self.register_buffer("calibrated", torch.tensor(self.model.bft_state_loaded))
         self.val_qa, self.test_qa = QAScore(), QAScore()
         self.predictions: list[dict[str, Any]] = []
 

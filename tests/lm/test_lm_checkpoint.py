@@ -86,19 +86,100 @@ def test_tied_embeddings(tmp_path: Path) -> None:
         torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
 
 
+def _bft_model(seed: int = 5, **options) -> LlamaForCausalLM:
+    """A BFT model whose BFT tensors are all away from their init (a trained one's)."""
+    cfg = LlamaConfig(**{k: v for k, v in TINY.items()})
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg, BFTOptions(precision="on", **options))
+    with torch.no_grad():
+        for t in model.bft_state().values():
+            t.mul_(1.5).add_(torch.rand_like(t))
+    return model
+
+
 def test_save_pretrained_round_trip(tmp_path: Path) -> None:
+    """The Llama files of a BFT export load in transformers as the plain model; ours
+    from the same directory gives back the BFT model exactly (options, every tensor,
+    logits), with a sill update still pending at save time flushed into it."""
     from transformers import LlamaForCausalLM as HF
 
-    cfg = LlamaConfig(**{k: v for k, v in TINY.items()})
-    torch.manual_seed(5)
-    ours = LlamaForCausalLM(cfg, BFTOptions(precision="on")).eval()  # BFT tensors not written
+    ours = _bft_model(attention_gate="sigmoid", groups=2)
+    sill = ours.model.layers[0].sill.clone()
+    ours.train()
+    ours(_ids(seed=7))  # leaves a pending running-sill update
+    ours.eval()
+    assert torch.equal(ours.model.layers[0].sill, sill)
     ours.save_pretrained(tmp_path, max_shard_bytes=4096)
+    assert not torch.equal(ours.model.layers[0].sill, sill)  # flushed, and saved below
     assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert (tmp_path / "bft.safetensors").is_file() and (tmp_path / "bft_options.json").is_file()
+    back = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert back.bft == ours.bft and back.bft_state_loaded
+    want, got = ours.state_dict(), back.state_dict()
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, ours(ids).logits, atol=0, rtol=0)
     hf = HF.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with pytest.warns(UserWarning, match="BFT tensors that this model's options do not use"):
+        plain = LlamaForCausalLM.from_pretrained(tmp_path, BFTOptions()).eval()
+    assert not plain.bft_state_loaded
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_loading_a_bft_export_with_other_shapes_names_the_entry(tmp_path: Path) -> None:
+    _bft_model().save_pretrained(tmp_path)  # G = 4 groups
+    with pytest.raises(ValueError, match=r"bft\.safetensors: model\.layers\.0\.rho has shape"):
+        LlamaForCausalLM.from_pretrained(tmp_path, BFTOptions(precision="on", groups=2))
+    (tmp_path / "bft_options.json").write_text('{"precision": "on", "colour": 1}')
+    with pytest.raises(ValueError, match=r"bft_options\.json: unknown BFT options \['colour'\]"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+
+
+def test_a_new_export_replaces_the_files_of_an_earlier_one(tmp_path: Path) -> None:
+    """Sharded BFT export, then an unsharded plain one into the same directory: the
+    earlier shards, index and BFT tensors are gone, and what loads is the new model."""
+    _bft_model(seed=1).save_pretrained(tmp_path, max_shard_bytes=4096)
+    cfg = LlamaConfig(**{k: v for k, v in TINY.items()})
+    torch.manual_seed(2)
+    plain = LlamaForCausalLM(cfg).eval()
+    plain.save_pretrained(tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["bft_options.json", "config.json", "model.safetensors"]
+    back = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert back.bft.precision == "off"
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, plain(ids).logits, atol=0, rtol=0)
+
+
+def test_an_interrupted_export_leaves_the_earlier_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import safetensors.torch
+
+    first = _bft_model(seed=1).eval()
+    first.save_pretrained(tmp_path, max_shard_bytes=4096)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real, calls = safetensors.torch.save_file, []
+
+    def failing(*args, **kwargs):  # the third file fails (disk full, a kill)
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", failing)
+    with pytest.raises(OSError, match="No space"):
+        _bft_model(seed=2).save_pretrained(tmp_path, max_shard_bytes=4096)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries
     back = LlamaForCausalLM.from_pretrained(tmp_path).eval()
     ids = _ids()
     with torch.no_grad():
-        torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(back(ids).logits, first(ids).logits, atol=0, rtol=0)
 
 
 def test_tokenizer_from_checkpoint_dir(hf_checkpoint: Path) -> None:

@@ -93,9 +93,16 @@ def test_pretrained_bft_is_calibrated_and_exported(tmp_path: Path, hf_checkpoint
     assert bool(task.calibrated)
     gains = task.calibration_report.median_gain
     assert all(0.9 < g < 0.99 for row in gains for g in row)
-    back = LlamaForCausalLM.from_pretrained(tmp_path / "export")
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "export").eval()
     assert (tmp_path / "export" / "tokenizer.json").is_file()
-    torch.testing.assert_close(back.model.embed_tokens.weight, task.model.model.embed_tokens.weight)
+    # the export is the fine-tuned BFT model, calibrated prior, Q and sill included
+    assert back.bft == task.model.bft and back.bft_state_loaded
+    ids = next(iter(dm.val_dataloader()))["input_ids"][:2]
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, task.model.eval()(ids).logits)
+    # fine-tuning it further starts from that state: no second calibration
+    again = LanguageSFT(checkpoint_dir=str(tmp_path / "export"), generate=False)
+    assert again.model.bft.precision == "on" and bool(again.calibrated)
 
 
 def test_pretrain_stage_on_plain_text(tmp_path: Path) -> None:
