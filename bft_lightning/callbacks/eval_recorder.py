@@ -5,7 +5,10 @@ On each validation / test epoch it switches recording on for the chosen layers
 add the batch's statistics into fixed-size float64 sums, and at the epoch end
 sums them across ranks (every rank, same condition) and hands the totals to
 the subclass to log. Sums keep DDP results exact: a 2-process run reports
-what one process would over the same samples.
+what one process would over the same samples. The samples that Lightning's
+``DistributedSampler`` repeats to even out the ranks are left out
+(:class:`~bft_lightning.callbacks.recording.PaddingRows`), so that holds with
+its sampler too.
 
 A subclass sets ``default_prefix`` (and ``record_attention`` when it needs the
 attention weights) and implements ``init_sums``, ``accumulate`` and ``emit``.
@@ -25,7 +28,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from bft_lightning.callbacks import output
-from bft_lightning.callbacks.recording import Layers, acquire, read_stats, release, select_layers
+from bft_lightning.callbacks.recording import (
+    Layers,
+    PaddingRows,
+    acquire,
+    read_stats,
+    release,
+    select_layers,
+)
 from bft_lightning.nn.stats import FilterStats
 
 STAGES = ("validate", "test")
@@ -67,7 +77,8 @@ class EvalRecorder(Callback):
         self._recording = False
         self._warned_no_logger = False
         self._warned_no_layers = False
-        self._stage = "validate"  # the stage being emitted (``_finish``)
+        self._stage = "validate"  # the stage being measured and emitted
+        self._padding = PaddingRows()
 
     # subclass interface
     def prepare(self, trainer: Trainer, pl_module: LightningModule) -> bool:
@@ -126,6 +137,8 @@ class EvalRecorder(Callback):
 
     def _start(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._sums = None
+        self._stage = stage
+        self._padding.reset()
         if stage in self.stages and not trainer.sanity_checking and self._layers:
             if self.prepare(trainer, pl_module):
                 self._sums = self.init_sums(len(self._layers), pl_module.device)
@@ -136,10 +149,11 @@ class EvalRecorder(Callback):
             acquire(self._layers, self, attention=self.record_attention)
             self._recording = True
 
-    def _batch_end(self, batch: Any) -> None:
+    def _batch_end(self, trainer: Trainer, batch: Any, dataloader_idx: int) -> None:
         if self._recording:
             self._recording = False
-            self.accumulate(batch, read_stats(self._layers))
+            stats = read_stats(self._layers)
+            self.accumulate(batch, self._padding.mask(trainer, self._stage, dataloader_idx, stats))
             release(self._layers, self)
 
     def _finish(self, trainer: Trainer, stage: str) -> None:
@@ -187,13 +201,13 @@ class EvalRecorder(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
         batch_idx: int, dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
-        self._batch_end(batch)
+        self._batch_end(trainer, batch, dataloader_idx)
 
     def on_test_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
         batch_idx: int, dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
-        self._batch_end(batch)
+        self._batch_end(trainer, batch, dataloader_idx)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish(trainer, "validate")

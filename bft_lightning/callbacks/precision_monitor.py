@@ -30,7 +30,9 @@ monitor), and holds a (B, H, T, T) tensor per layer.
 Under DDP every rank computes fixed-bin counts and ``[n, sum, sumsq,
 nonfinite]``, which are summed across ranks (and ``[max, -min]``
 max-reduced) once per logged step: the logged histogram and non-finite count
-equal those a single process would compute over the same samples. Means
+equal those a single process would compute over the same samples (on
+validation, the samples that Lightning's ``DistributedSampler`` repeats to
+even out the ranks are left out: ``recording.PaddingRows``). Means
 come from the summed moments; percentiles from the summed counts, so they are
 bin-resolution estimates (within one bin width, ``(hi - lo) / bins``).
 Whether a step is logged depends on ``trainer.global_step`` only, so every
@@ -57,6 +59,7 @@ from bft_lightning.callbacks.histogram import (
 from bft_lightning.callbacks.histogram import percentile as bin_percentile
 from bft_lightning.callbacks.recording import (
     Layers,
+    PaddingRows,
     acquire,
     is_plain,
     read_stats,
@@ -145,6 +148,7 @@ class PrecisionMonitor(Callback):
         self._layers: Layers = []
         self._recording = False
         self._val: _Accumulator | None = None
+        self._padding = PaddingRows()  # DistributedSampler's repeats on validation
         self._warned_no_logger = False
         self._warned_no_layers = False
 
@@ -240,6 +244,7 @@ class PrecisionMonitor(Callback):
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         active = self.log_on_validation and not trainer.sanity_checking and bool(self._layers)
         self._val = _Accumulator(self, pl_module.device) if active else None
+        self._padding.reset()
 
     def on_validation_batch_start(
         self,
@@ -264,7 +269,8 @@ class PrecisionMonitor(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         if self._val is not None and self._recording:
-            self._val.add(read_stats(self._layers))
+            stats = read_stats(self._layers)
+            self._val.add(self._padding.mask(trainer, "validate", dataloader_idx, stats))
             release(self._layers, self)
             self._recording = False
 

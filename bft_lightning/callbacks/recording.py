@@ -14,11 +14,16 @@ last release restores what the layer had before (so a user's own
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fnmatch import fnmatchcase
 
+import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
+from torch.utils.data import DistributedSampler
 
 from bft_lightning.nn.stats import FilterRecorder, FilterStats, find_filter_layers
 
@@ -126,3 +131,74 @@ def release(layers: Layers, owner: object) -> None:
 def read_stats(layers: Layers) -> list[FilterStats | None]:
     """The ``last_stats`` of each layer (None where a layer did not run)."""
     return [layer.last_stats for _, layer in layers]
+
+
+def _eval_sampler(trainer: Trainer, stage: str, dataloader_idx: int) -> object | None:
+    """The sampler of the running evaluation's dataloader ``dataloader_idx``, or None."""
+    loaders = trainer.val_dataloaders if stage == "validate" else trainer.test_dataloaders
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        loaders = loaders[dataloader_idx] if dataloader_idx < len(loaders) else None
+    batch_sampler = getattr(loaders, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None)
+    return sampler if sampler is not None else getattr(loaders, "sampler", None)
+
+
+def real_rows(trainer: Trainer, stage: str, dataloader_idx: int = 0) -> int | None:
+    """How many of this rank's evaluation samples are not ``DistributedSampler`` padding.
+
+    Under DDP, Lightning gives rank ``r`` of ``W`` the positions ``r, r + W, ...``
+    of the (possibly shuffled) sample list, padded at its end with repeats of
+    its first samples until every rank has as many (``DistributedSampler`` and
+    Lightning's ``DistributedSamplerWrapper``, ``drop_last=False``): position
+    ``r + j W`` is a repeat when it is past the dataset's length. Returns None
+    when nothing is repeated or the sampler is another one (whose layout is
+    unknown: its rows all count).
+    """
+    sampler = _eval_sampler(trainer, stage, dataloader_idx)
+    if type(sampler) not in (DistributedSampler, DistributedSamplerWrapper):
+        return None
+    assert isinstance(sampler, DistributedSampler)
+    if sampler.drop_last:
+        return None
+    n = len(sampler.dataset)  # type: ignore[arg-type]
+    real = len(range(sampler.rank, n, sampler.num_replicas))
+    return real if real < sampler.num_samples else None
+
+
+class PaddingRows:
+    """Leaves out the rows of evaluation batches that ``DistributedSampler`` padding
+    repeats (:func:`real_rows`), so that a DDP run measures every sample once, as
+    one process does.
+
+    The rows are counted per dataloader on the statistics' batch dimension
+    (the rows of the layer's last forward), in the order the batches come; the
+    repeats are the last rows of a rank's last batches, whose ``valid`` is
+    cleared (every callback leaves invalid positions out). Call :meth:`reset`
+    at each evaluation epoch start and :meth:`mask` on every batch's statistics
+    in order.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}
+
+    def reset(self) -> None:
+        self._seen = {}
+
+    def mask(
+        self, trainer: Trainer, stage: str, dataloader_idx: int, stats: Sequence[FilterStats | None]
+    ) -> list[FilterStats | None]:
+        rows = next((s.valid.shape[0] for s in stats if s is not None), None)
+        if rows is None:
+            return list(stats)
+        seen = self._seen.get(dataloader_idx, 0)
+        self._seen[dataloader_idx] = seen + rows
+        real = real_rows(trainer, stage, dataloader_idx)
+        if real is None or seen + rows <= real:
+            return list(stats)
+        keep = torch.arange(rows) < max(0, real - seen)  # (B,): the rows that are not repeats
+        return [
+            None if s is None else replace(s, valid=s.valid & keep.to(s.valid.device).unsqueeze(1))
+            for s in stats
+        ]

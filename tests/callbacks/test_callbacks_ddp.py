@@ -10,11 +10,20 @@ import csv
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import LightningDataModule, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tb_events import read_events
 from test_callbacks_attention_sink import sink_pattern
-from toy_bft import FAST, OneThread, RankBatches, ScriptedModule, ToyBFT, make_batches
+from torch.utils.data import DataLoader
+from toy_bft import (
+    FAST,
+    OneThread,
+    RankBatches,
+    ScriptedModule,
+    ToyBFT,
+    make_batch,
+    make_batches,
+)
 
 from bft_lightning.callbacks import (
     AttentionSinkMonitor,
@@ -137,5 +146,52 @@ def test_ddp_sink_counts_and_eval_non_finite_counts_are_summed_over_ranks(tmp_pa
     assert bad > 0 and 0 < odd < 1
     assert one["gain_ctx_val/blocks.0/nonfinite"] == one["stratum_val/blocks.0/nonfinite"] == bad
     assert one["sink_val/sink1"] == pytest.approx(odd)
+    assert sorted(ddp) == sorted(one)
+    assert ddp == pytest.approx(one)
+
+
+class Samples(LightningDataModule):
+    """One sample per row, batched by Lightning's own ``DistributedSampler`` under DDP:
+    with 7 samples on 2 ranks, rank 1's last batch repeats sample 0."""
+
+    def __init__(self, rows: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.rows = rows
+        self.item_frequency = torch.arange(24.0)
+
+    def val_dataloader(self) -> DataLoader:
+        n = len(self.rows["input_ids"])
+        items = [{k: v[i] for k, v in self.rows.items()} for i in range(n)]
+        return DataLoader(items, batch_size=2)  # type: ignore[arg-type]
+
+
+def sampler_metrics(tmp_path, name: str, devices: int, rows: dict) -> dict:
+    callbacks = [
+        OneThread(),
+        PrecisionMonitor(log_on_validation=True, quantities=["gain", "n_eff"], histograms=False),
+        AttentionSinkMonitor(),
+        GainByContextLength(bucket_edges=[1, 4], filename=None),
+        GainByStratum(filename=None),
+    ]
+    logger = CSVLogger(str(tmp_path), name=name, version=0)
+    opts = {**FAST, "devices": devices, "logger": logger}  # Lightning's sampler
+    if devices > 1:
+        opts["strategy"] = "ddp_fork"
+    Trainer(callbacks=callbacks, **opts).validate(ScriptedModule(sink_and_nan_gain), Samples(rows))
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        return {k: float(v) for r in csv.DictReader(f) for k, v in r.items() if v and k != "step"}
+
+
+def test_ddp_leaves_out_the_samples_distributed_sampler_repeats(tmp_path, monkeypatch):
+    """With Lightning's DistributedSampler (7 samples, 2 ranks: one repeated to even
+    out the ranks) every callback reports what one process reports over the 7."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    rows = make_batch(batch_size=7, length=12, seed=30)
+    rows["input_ids"][:, -2:] = rows["input_ids"][:, -2:].clamp_min(1)
+    rows["input_ids"][0] = 3  # sample 0 (the repeated one) has many NaN gains (3 | id)
+    one = sampler_metrics(tmp_path, "one", 1, rows)
+    ddp = sampler_metrics(tmp_path, "ddp", 2, rows)
+    ids = rows["input_ids"]
+    assert one["stratum_val/blocks.0/nonfinite"] == int(((ids > 0) & (ids % 3 == 0)).sum()) > 12
     assert sorted(ddp) == sorted(one)
     assert ddp == pytest.approx(one)
