@@ -19,10 +19,12 @@ directory's contents and what was expected.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,8 @@ TORCH_INDEX = "pytorch_model.bin.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 BFT_OPTIONS_FILE = "bft_options.json"
 BFT_WEIGHTS_FILE = "bft.safetensors"
+_OURS = (SAFETENSORS_FILE, SAFETENSORS_INDEX, BFT_OPTIONS_FILE, BFT_WEIGHTS_FILE)
+_TMP_PREFIX = ".bft-tmp-"  # a write's files before they take their names
 _SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
@@ -65,9 +69,11 @@ def read_config(directory: str | Path) -> dict:
     path = _require_dir(directory)
     file = path / CONFIG_FILE
     if not file.is_file():
+        interrupted = any(path.glob(f"{_TMP_PREFIX}*")) or any(path.glob("*.safetensors"))
         raise CheckpointError(
             f"{str(path)!r} has no {CONFIG_FILE}; found: {_listing(path)}. A Llama-format "
             "checkpoint needs config.json, model*.safetensors and tokenizer.json."
+            + (" If an export into it was interrupted, write it again." if interrupted else "")
         )
     with file.open(encoding="utf-8") as f:
         return json.load(f)
@@ -129,17 +135,24 @@ def write_checkpoint(
 
     Sharded output follows the Hugging Face layout (``model-0000i-of-0000N.safetensors``
     plus ``model.safetensors.index.json``). ``bft_options`` and ``bft_state``, when
-    given, go to ``bft_options.json`` and ``bft.safetensors``. Returns the weight
-    files written.
+    given, go to ``bft_options.json`` and ``bft.safetensors``; the latter records
+    a fingerprint of the Llama files beside it (:func:`llama_fingerprint`), so that
+    a reader can tell when another writer has replaced them since. Returns the
+    weight files written.
 
-    Every file is first written under a temporary name and renamed into place
-    once all are complete (``config.json`` last), so an interrupted write leaves
-    no half-written file under a real name. Files of an earlier write into the
-    same directory that this one does not replace (other shards or index, BFT
-    files) are removed, so that they cannot be read as part of this checkpoint.
+    Nothing is lost to an interruption: every file is first written in full
+    under a temporary name (``.bft-tmp-*``). Only then is the directory changed:
+    ``config.json`` is removed first, then the earlier write's files that this
+    one does not replace (other shards or index, BFT files), then the new files
+    take their names, ``config.json`` last. A directory caught between these
+    steps has no ``config.json``, which every reader refuses with a clear error
+    (it never loads a mix of two writes). Temporaries are removed on failure,
+    and those of a killed earlier write when the next one starts.
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
+    for orphan in path.glob(f"{_TMP_PREFIX}*"):  # a killed earlier write's
+        orphan.unlink(missing_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
@@ -154,55 +167,68 @@ def write_checkpoint(
     staged: list[tuple[Path, Path]] = []  # (temporary, final)
 
     def stage(name: str, write: Callable[[Path], object]) -> Path:
-        final = path / name
-        tmp = path / f".{name}.tmp-{os.getpid()}"
+        tmp = path / f"{_TMP_PREFIX}{os.getpid()}-{name}"
+        staged.append((tmp, path / name))
         write(tmp)
-        staged.append((tmp, final))
-        return final
+        return tmp
 
-    def stage_json(name: str, obj: object) -> None:
-        def write(tmp: Path) -> None:
-            with tmp.open("w", encoding="utf-8") as f:
-                json.dump(obj, f, indent=2, sort_keys=True)
-
-        stage(name, write)
+    def stage_text(name: str, text: str) -> Path:
+        return stage(name, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     try:
         files: list[Path] = []
+        weights: list[Path] = []  # the staged weight files, for the fingerprint
         if len(shards) == 1:
-            files.append(stage(SAFETENSORS_FILE, functools.partial(_save, shards[0], meta)))
+            weights.append(stage(SAFETENSORS_FILE, functools.partial(_save, shards[0], meta)))
+            files.append(path / SAFETENSORS_FILE)
         else:
             weight_map: dict[str, str] = {}
             for i, shard in enumerate(shards, start=1):
                 name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                files.append(stage(name, functools.partial(_save, shard, meta)))
+                weights.append(stage(name, functools.partial(_save, shard, meta)))
+                files.append(path / name)
                 weight_map.update(dict.fromkeys(shard, name))
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            stage_json(SAFETENSORS_INDEX, index)
+            stage_text(SAFETENSORS_INDEX, json.dumps(index, indent=2))
+        config_text = json.dumps(config, indent=2, sort_keys=True)
         if bft_state:
+            sizes = [(f.name, t.stat().st_size) for f, t in zip(files, weights, strict=True)]
+            bft_meta = {**meta, "llama_fingerprint": _fingerprint(config_text, sizes)}
             bft = {k: v.detach().contiguous().cpu() for k, v in bft_state.items()}
-            stage(BFT_WEIGHTS_FILE, functools.partial(_save, bft, meta))
+            stage(BFT_WEIGHTS_FILE, functools.partial(_save, bft, bft_meta))
         if bft_options is not None:
-            stage_json(BFT_OPTIONS_FILE, bft_options)
-        stage_json(CONFIG_FILE, config)
+            stage_text(BFT_OPTIONS_FILE, json.dumps(bft_options, indent=2, sort_keys=True))
+        stage_text(CONFIG_FILE, config_text)
+        # the commit: from here until config.json is renamed, the directory has none
+        (path / CONFIG_FILE).unlink(missing_ok=True)
+        written = {final.name for _, final in staged}
+        for old in path.iterdir():
+            if (old.name in _OURS or _SHARD.fullmatch(old.name)) and old.name not in written:
+                old.unlink()
+        for tmp, final in staged:  # config.json last
+            os.replace(tmp, final)
     except BaseException:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
-        for tmp in path.glob(f".*.tmp-{os.getpid()}"):
-            tmp.unlink(missing_ok=True)
         raise
-    written = {final.name for _, final in staged}
-    # an earlier write's files that this one does not replace: removed before the new
-    # files take their names, so an interruption here leaves an incomplete directory
-    # (a clear error on reading) rather than a stale index that a reader would follow
-    for old in path.iterdir():
-        ours = old.name in (SAFETENSORS_FILE, SAFETENSORS_INDEX, BFT_OPTIONS_FILE, BFT_WEIGHTS_FILE)
-        if (ours or _SHARD.fullmatch(old.name)) and old.name not in written:
-            old.unlink()
-    for tmp, final in staged:  # config.json last
-        os.replace(tmp, final)
     return files
+
+
+def _fingerprint(config_text: str, weight_sizes: Sequence[tuple[str, int]]) -> str:
+    digest = hashlib.sha256(config_text.encode("utf-8"))
+    for name, size in weight_sizes:
+        digest.update(f"\n{name}:{size}".encode())
+    return digest.hexdigest()
+
+
+def llama_fingerprint(directory: str | Path) -> str:
+    """A hash of ``config.json``'s bytes and the weight files' names and sizes: it
+    changes when another writer (``transformers``' ``save_pretrained``, a copy of
+    other weights) replaces the Llama files of a BFT export."""
+    path = _require_dir(directory)
+    config_text = (path / CONFIG_FILE).read_text(encoding="utf-8")
+    return _fingerprint(config_text, [(f.name, f.stat().st_size) for f in weight_files(path)])
 
 
 def _save(tensors: dict[str, Tensor], metadata: dict[str, str], file: Path) -> None:
@@ -213,7 +239,12 @@ def _save(tensors: dict[str, Tensor], metadata: dict[str, str], file: Path) -> N
 
 def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor]]:
     """The BFT options and tensors a BFT model wrote next to its Llama files
-    (:func:`write_checkpoint`): ``(None, {})`` for a plain Llama checkpoint."""
+    (:func:`write_checkpoint`): ``(None, {})`` for a plain Llama checkpoint.
+
+    When the Llama files are no longer those the BFT tensors were written with
+    (:func:`llama_fingerprint`: another writer replaced them), both files are
+    ignored with a warning: that state belongs to other weights.
+    """
     path = _require_dir(directory)
     options = None
     if (path / BFT_OPTIONS_FILE).is_file():
@@ -225,10 +256,22 @@ def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor
         if not isinstance(options, dict):
             raise ValueError(f"{path / BFT_OPTIONS_FILE}: expected a JSON object")
     tensors: dict[str, Tensor] = {}
-    if (path / BFT_WEIGHTS_FILE).is_file():
+    file = path / BFT_WEIGHTS_FILE
+    if file.is_file():
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
-        tensors = load_file(str(path / BFT_WEIGHTS_FILE))
+        with safe_open(str(file), framework="pt") as f:
+            recorded = (f.metadata() or {}).get("llama_fingerprint")
+        if recorded != llama_fingerprint(path):
+            warnings.warn(
+                f"{file} and {path / BFT_OPTIONS_FILE} were written with other Llama files "
+                "than those now beside them (config.json or the weight files changed since): "
+                "ignored, the BFT state starts as for a plain Llama checkpoint",
+                stacklevel=3,
+            )
+            return None, {}
+        tensors = load_file(str(file))
     return options, tensors
 
 

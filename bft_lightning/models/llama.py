@@ -309,8 +309,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, bft)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        # whether every BFT tensor came from a saved model (:meth:`load_bft_state`)
+        # whether every BFT tensor came from a saved model, and which did (:meth:`load_bft_state`)
         self.bft_state_loaded = False
+        self.bft_loaded_keys: list[str] = []
         if not self.lm_head.weight.is_meta:
             self.reset_parameters()
 
@@ -482,8 +483,9 @@ class LlamaForCausalLM(nn.Module):
         """Copy saved BFT tensors (:meth:`bft_state`) into the model's own.
 
         Sets :attr:`bft_state_loaded` when the model has BFT tensors and all of
-        them were given. A tensor the model does not have is left out with a
-        warning; one of another shape raises, naming ``source`` and the entry.
+        them were given, and :attr:`bft_loaded_keys` to those that were. A tensor
+        the model does not have is left out with a warning; one of another shape
+        raises, naming ``source`` and the entry.
         """
         own = self.bft_state()
         unused = sorted(k for k in tensors if k not in own)
@@ -504,6 +506,7 @@ class LlamaForCausalLM(nn.Module):
                     f"{tuple(own[name].shape)} (other BFT options, e.g. groups or prior_width?)"
                 )
             own[name].copy_(value)
+        self.bft_loaded_keys = sorted(k for k in tensors if k in own)
         self.bft_state_loaded = bool(own) and all(k in tensors for k in own)
 
     def bft_state(self) -> dict[str, Tensor]:

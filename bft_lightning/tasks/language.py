@@ -22,6 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from bft_lightning.metrics.qa import QAScore
@@ -155,6 +156,14 @@ class LanguageSFT(L.LightningModule):
         needs = self.model.bft.precision == "on" and self.pretrained and self.calibrate
         if not needs or bool(self.calibrated):
             return
+        loaded = self.model.bft_loaded_keys
+        if loaded:  # an export with other BFT options: its tensors are about to be re-set
+            rank_zero_warn(
+                f"LanguageSFT: calibrating the precision re-sets {len(loaded)} BFT tensors "
+                f"loaded from {self.hparams.get('checkpoint_dir')} (e.g. {loaded[0]}), because "
+                "the model has BFT tensors that the export lacks; pass calibrate=False to "
+                "keep the loaded ones (the others then keep their initial values)"
+            )
         batch = next(iter(self.trainer.datamodule.train_dataloader()))  # type: ignore[attr-defined]
         report = calibrate_precision(
             self.model,

@@ -156,7 +156,20 @@ def test_a_new_export_replaces_the_files_of_an_earlier_one(tmp_path: Path) -> No
         torch.testing.assert_close(back(ids).logits, plain(ids).logits, atol=0, rtol=0)
 
 
-def test_an_interrupted_export_leaves_the_earlier_one_whole(
+def _failing_after(calls: int, real):  # type: ignore[no-untyped-def]
+    """``real`` that raises on its ``calls``-th call (a full disk, a kill)."""
+    count = []
+
+    def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+        count.append(1)
+        if len(count) == calls:
+            raise OSError("No space left on device")
+        return real(*args, **kwargs)
+
+    return call
+
+
+def test_an_export_that_fails_while_writing_leaves_the_earlier_one_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import safetensors.torch
@@ -164,15 +177,9 @@ def test_an_interrupted_export_leaves_the_earlier_one_whole(
     first = _bft_model(seed=1).eval()
     first.save_pretrained(tmp_path, max_shard_bytes=4096)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    real, calls = safetensors.torch.save_file, []
-
-    def failing(*args, **kwargs):  # the third file fails (disk full, a kill)
-        calls.append(1)
-        if len(calls) == 3:
-            raise OSError("No space left on device")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(safetensors.torch, "save_file", failing)
+    monkeypatch.setattr(
+        safetensors.torch, "save_file", _failing_after(3, safetensors.torch.save_file)
+    )
     with pytest.raises(OSError, match="No space"):
         _bft_model(seed=2).save_pretrained(tmp_path, max_shard_bytes=4096)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries
@@ -180,6 +187,58 @@ def test_an_interrupted_export_leaves_the_earlier_one_whole(
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, first(ids).logits, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 4])
+def test_an_export_interrupted_while_renaming_never_loads_a_mix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    """A failure among the renames (after the old config.json is gone) leaves a
+    directory that every reader refuses, never one that loads parts of two models;
+    the next export then succeeds."""
+    import os
+
+    _bft_model(seed=1).save_pretrained(tmp_path, max_shard_bytes=4096)
+    second = _bft_model(seed=2, attention_gate="sigmoid").eval()
+    monkeypatch.setattr(os, "replace", _failing_after(fail_at, os.replace))
+    with pytest.raises(OSError, match="No space"):
+        second.save_pretrained(tmp_path)  # unsharded: the old shards and index go too
+    monkeypatch.undo()
+    assert not list(tmp_path.glob(".bft-tmp-*"))
+    with pytest.raises(CheckpointError, match="no config.json.*interrupted, write it again"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    second.save_pretrained(tmp_path)
+    back = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, second(ids).logits, atol=0, rtol=0)
+
+
+def test_a_killed_exports_temporaries_are_swept_by_the_next(tmp_path: Path) -> None:
+    orphan = tmp_path / ".bft-tmp-99999-model.safetensors"  # a write killed with SIGKILL
+    tmp_path.mkdir(exist_ok=True)
+    orphan.write_bytes(b"x" * 1000)
+    _bft_model().save_pretrained(tmp_path)
+    assert not orphan.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bft.safetensors", "bft_options.json", "config.json", "model.safetensors",
+    ]  # fmt: skip
+
+
+def test_bft_state_of_replaced_llama_files_is_ignored(tmp_path: Path) -> None:
+    """Another writer (transformers here) saving into a BFT export leaves our BFT
+    files beside weights they do not belong to: they are ignored with a warning."""
+    from transformers import LlamaForCausalLM as HF
+
+    _bft_model(seed=1).save_pretrained(tmp_path)
+    hf = HF.from_pretrained(tmp_path, dtype=torch.float32)
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.add_(1.0)  # fine-tuned elsewhere
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="written with other Llama files"):
+        back = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert back.bft.precision == "off" and not back.bft_state_loaded
+    torch.testing.assert_close(back.model.embed_tokens.weight, hf.model.embed_tokens.weight)
 
 
 def test_tokenizer_from_checkpoint_dir(hf_checkpoint: Path) -> None:

@@ -103,6 +103,13 @@ def test_pretrained_bft_is_calibrated_and_exported(tmp_path: Path, hf_checkpoint
     # fine-tuning it further starts from that state: no second calibration
     again = LanguageSFT(checkpoint_dir=str(tmp_path / "export"), generate=False)
     assert again.model.bft.precision == "on" and bool(again.calibrated)
+    # with a gate the export lacks, calibration runs and says what it re-sets
+    gated = LanguageSFT(checkpoint_dir=str(tmp_path / "export"), generate=False,
+                        bft=BFTOptions(precision="on", attention_gate="sigmoid"))  # fmt: skip
+    assert not bool(gated.calibrated)
+    assert "model.prior.log_tau.weight" in gated.model.bft_loaded_keys
+    with pytest.warns(UserWarning, match=r"re-sets \d+ BFT tensors loaded from .*calibrate=False"):
+        _trainer(tmp_path, 1, limit_val_batches=0).fit(gated, dm)
 
 
 def test_pretrain_stage_on_plain_text(tmp_path: Path) -> None:
