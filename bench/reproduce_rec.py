@@ -122,6 +122,15 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     if args.accelerator:
         argv.append(f"--trainer.accelerator={args.accelerator}")
     cli = cli_main(argv, run=False)
+    if cli.trainer.world_size > 1:
+        # the per-user states saved below are each process's own after compute(), and
+        # the run lock is per process: one device per run (runs go in parallel with --jobs)
+        lock.unlink(missing_ok=True)
+        raise SystemExit(
+            f"bench/reproduce_rec.py trains each run on one device (world size here: "
+            f"{cli.trainer.world_size}); run several at once with --jobs instead of "
+            "overriding --trainer.devices / --trainer.strategy"
+        )
     timer = EpochTimer()
     cli.trainer.callbacks.append(timer)
     ckpts = out / "tb" / "version_0" / "checkpoints"
@@ -222,6 +231,16 @@ def _history_lengths(runs: dict) -> np.ndarray | None:
 def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path) -> list[dict]:
     """Rows of the results table: overall and Q0, mean over seeds, paired deltas."""
     first = next(iter(runs.values()))
+    # every paired comparison below assumes the same test users in every run
+    seen_first = np.asarray(first["ranks"]) >= 0
+    for key, run in runs.items():
+        if not np.array_equal(np.asarray(run["ranks"]) >= 0, seen_first):
+            raise ValueError(
+                f"run {key} ranked other test users than run {next(iter(runs))} "
+                f"({int((np.asarray(run['ranks']) >= 0).sum())} against {int(seen_first.sum())}):"
+                " its ranks.npy is incomplete or from other data; delete that run's directory "
+                "and train it again"
+            )
     freq = torch.as_tensor(first["item_frequency"])
     strata = assign_item_stratum(
         torch.as_tensor(first["targets"]).clamp_min(1), freq, popularity_quartiles(freq)

@@ -37,7 +37,9 @@ length, gain), initialised to -1 / -inf and combined with ``max`` both inside
 a process (``scatter_reduce(amax)``) and across processes (torchmetrics
 ``dist_reduce_fx="max"``). A user repeated by ``DistributedSampler`` padding
 writes the same values twice, so it is counted once and 1 process equals N
-processes exactly. Memory: 4 x 8 bytes per evaluation user.
+processes exactly for the same scores (a model may score a user differently in
+the last bits when its batch differs, which can flip a rank at a near-tie).
+Memory: 4 x 8 bytes per evaluation user.
 
 Top-k path
 ----------
@@ -302,7 +304,15 @@ def _as_f32(x: Tensor) -> np.ndarray:
     return np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
 
 
-def _real_items(item_vecs: Tensor, k: int, exclude_padding: bool) -> tuple[Tensor, int]:
+def _real_items(
+    item_vecs: Tensor, k: int, exclude_padding: bool, user_vecs: Tensor
+) -> tuple[Tensor, int]:
+    """The items that can be returned (without padding row 0) and the id offset;
+    refuses NaN in either input, which would make the top-k undefined (faiss
+    returns id -1 for such a user, a float top-k puts a NaN item first)."""
+    for name, x in (("user_vecs", user_vecs), ("item_vecs", item_vecs)):
+        if x.numel() and torch.isnan(x.amax()):  # a max is NaN iff a value is
+            raise ValueError(f"{name} contain NaN; the top-k is undefined (check the model)")
     offset = 1 if exclude_padding else 0
     items = item_vecs[offset:]  # (N', d)
     if not 1 <= k <= items.shape[0]:
@@ -321,7 +331,7 @@ def faiss_topk(
     """
     import faiss  # local import: only this path needs it
 
-    items, offset = _real_items(item_vecs, k, exclude_padding)
+    items, offset = _real_items(item_vecs, k, exclude_padding, user_vecs)
     index = faiss.IndexFlatIP(items.shape[1])
     index.add(_as_f32(items))
     scores, ids = index.search(_as_f32(user_vecs), k)  # (U, k) each
@@ -346,7 +356,7 @@ def torch_topk_chunked(
         tiled = user_vecs.device.type == "cpu"
     if tiled:
         return torch_topk_tiled(user_vecs, item_vecs, k, exclude_padding=exclude_padding)
-    items, offset = _real_items(item_vecs, k, exclude_padding)
+    items, offset = _real_items(item_vecs, k, exclude_padding, user_vecs)
     items_t = items.T.contiguous()  # (d, N'): one layout for every chunk's GEMM
     vals, ids = [], []
     for u in user_vecs.split(chunk):  # (c, d)
@@ -467,8 +477,8 @@ def torch_topk_tiled(
     **bfloat16 screen** (``screen``; by default on a CPU that multiplies
     bfloat16 in hardware, :func:`fast_bf16_matmul`, for float32 inputs): the
     tiles are computed from bfloat16 copies of the vectors, ~2.5-3x faster,
-    and only choose the groups to rescore; the result is still the float32
-    top-k, because the screen's error is bounded for each user and a user
+    and only choose the groups to rescore; the result is still that of the
+    float32 path (``screen=False``), because the screen's error is bounded for each user and a user
     whose bound does not settle its top k is rescored in full. With
     ``u = u~ + r_u`` and ``v = v~ + r_v`` (bfloat16 values and their
     residuals), ``u.v = u~.v~ + u~.r_v + r_u.v``, so the screened score is
@@ -499,7 +509,7 @@ def torch_topk_tiled(
     """
     if min(tile_users, tile_columns, group) < 1:
         raise ValueError("tile_users, tile_columns and group must be >= 1")
-    items, offset = _real_items(item_vecs, k, exclude_padding)
+    items, offset = _real_items(item_vecs, k, exclude_padding, user_vecs)
     dtype = torch.promote_types(user_vecs.dtype, items.dtype)
     users, items = user_vecs.to(dtype), items.to(dtype)
     n, d = items.shape

@@ -173,3 +173,28 @@ def test_reproduce_rec_states_the_strata_sizes():
         "Q3: 10 items seen 6-9 times in training, 60 test users; "
         "cold: 70 users with at most 3 training items."
     )
+
+
+def test_reproduce_summary_refuses_runs_of_other_test_users(tmp_path):
+    """A run whose ranks.npy covers other test users (e.g. one process's share of a DDP
+    run) is refused by name: the paired differences would compare other users."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_rec", Path(__file__).parents[2] / "bench" / "reproduce_rec.py"
+    )
+    assert spec is not None and spec.loader is not None
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    rng = np.random.default_rng(3)
+    half = rng.integers(0, 30, USERS)
+    half[1::2] = -1  # every second user missing
+    fake_run(tmp_path, "t", "off", 0, rng.integers(0, 30, USERS), None)
+    fake_run(tmp_path, "t", "on_frequency", 0, half, None)
+    runs = rr.load_runs(tmp_path / "t", ["off", "on_frequency"])
+    for run in runs.values():
+        run["summary"].update(sec_per_epoch=1.0, epochs=3, best_epoch=2, tau=None)
+    args = argparse.Namespace(dataset="d", backbone="b", tag="", loss_normalization="rows")
+    with pytest.raises(ValueError, match=r"run \('on_frequency', 0\) ranked other test users"):
+        rr.summarise(args, runs, [0], tmp_path)

@@ -242,6 +242,24 @@ def test_tiled_topk_equals_full_topk(users, items, k, tile_users, tile_columns, 
     assert torch.allclose(got_v, want_v, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("where", ["user", "item"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        faiss_topk,
+        lambda u, it, k: torch_topk_chunked(u, it, k, tiled=False),
+        lambda u, it, k: torch_topk_tiled(u, it, k, screen=False),
+    ],
+)
+def test_topk_paths_refuse_nan(path, where):
+    """A NaN vector makes the top-k undefined: faiss returned the padding id for such
+    a user and the float paths ranked a NaN item first, so every path refuses it."""
+    u, it = _vectors()
+    (u if where == "user" else it)[3, 5] = math.nan
+    with pytest.raises(ValueError, match=f"{where}_vecs contain NaN"):
+        path(u, it, 5)
+
+
 def test_tiled_topk_is_the_cpu_default_and_agrees_with_faiss_and_the_untiled_path():
     u, it = _vectors(users=300, items=20001, dim=16, seed=8)
     f_scores, f_ids = faiss_topk(u, it, 10)
