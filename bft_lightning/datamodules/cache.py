@@ -40,7 +40,8 @@ __all__ = [
     "source_files",
 ]
 
-CACHE_VERSION = 2  # 2: readers strip ids, reject empty ones, read 2014 Amazon CSVs and BOMs
+CACHE_VERSION = 3  # 2: readers strip ids, reject empty ones, read 2014 Amazon CSVs and BOMs;
+# 3: fractional timestamps order by their exact value, ids are ASCII digits
 _SPLIT_SUFFIXES = (".train.inter", ".valid.inter", ".test.inter")
 
 

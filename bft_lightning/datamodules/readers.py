@@ -116,21 +116,36 @@ def _check_exists(path: Path) -> None:
 
 
 def _int_id(token: str, path: Path, lineno: int, what: str = "id") -> int:
-    """Parse a non-negative integer id or raise a located ``ValueError``."""
-    try:
-        value = int(token)
-    except ValueError:
-        raise _bad(path, lineno, f"non-integer {what} {token!r}") from None
-    if value < 0:
-        raise _bad(path, lineno, f"negative {what} {value}; ids must be non-negative")
-    return value
+    """Parse a non-negative integer id (ASCII digits) or raise a located ``ValueError``.
+
+    Python's ``int`` also takes ``1_0`` and non-ASCII digits (``１２``), which would
+    silently merge with ``10`` and ``12``: they are refused."""
+    text = token.strip()
+    if text.startswith("-") and _is_digits(text[1:]):
+        raise _bad(path, lineno, f"negative {what} {text}; ids must be non-negative")
+    if not _is_digits(text):
+        raise _bad(path, lineno, f"non-integer {what} {token!r}")
+    return int(text)
+
+
+def _is_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+class _Seconds(int):
+    """A timestamp's whole seconds (``int(value)``, what is stored) that keeps the
+    rest, ``value - int(value)``, for ordering: 100.9 sorts after 100.1 although
+    both store 100."""
+
+    frac: float = 0.0
 
 
 _MAX_TIME = 2**62  # int64 with room to spare (also fits millisecond timestamps)
 
 
 def _int_time(token: str, path: Path, lineno: int) -> int:
-    """Parse a unix timestamp (integer or float text) into whole seconds."""
+    """Parse a unix timestamp (integer or float text) into whole seconds; a
+    fractional one keeps its fraction for ordering (:class:`_Seconds`)."""
     try:
         value = float(token)
     except ValueError:
@@ -139,7 +154,11 @@ def _int_time(token: str, path: Path, lineno: int) -> int:
         raise _bad(path, lineno, f"non-finite timestamp {token!r}")
     if abs(value) >= _MAX_TIME:
         raise _bad(path, lineno, f"timestamp {token!r} out of range (|t| < 2**62)")
-    return int(token) if token.strip().lstrip("+-").isdigit() else int(value)
+    if _is_digits(token.strip().lstrip("+-")):
+        return int(token)  # exact beyond 2**53
+    seconds = _Seconds(int(value))
+    seconds.frac = value - int(value)
+    return seconds
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -152,13 +171,16 @@ def _open_text(path: Path) -> io.TextIOBase:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield ``(line number, stripped line)`` for non-blank lines."""
+    """Yield ``(line number, line)`` for non-blank lines, without the line end.
+
+    Only the line end is taken off (not trailing tabs: a tab-separated row whose
+    last field is empty keeps its field count)."""
     _check_exists(path)
     with _open_text(path) as fh:
         try:
             for lineno, line in enumerate(fh, start=1):
-                line = line.strip()
-                if line:
+                line = line.rstrip("\r\n")
+                if line.strip():
                     yield lineno, line
         except (OSError, EOFError, UnicodeDecodeError) as err:
             raise ValueError(f"{path}: cannot read file ({err})") from err
@@ -177,12 +199,17 @@ class _Builder:
     def __init__(self) -> None:
         self.items: dict[RawId, list[RawId]] = {}
         self.times: dict[RawId, list[int]] = {}
+        self.fracs: dict[RawId, list[float]] = {}  # only once a timestamp had a fraction
 
     def add(self, user: RawId, item: RawId, time: int | None = None) -> None:
         """Append one interaction to ``user``'s sequence."""
         self.items.setdefault(user, []).append(item)
         if time is not None:
-            self.times.setdefault(user, []).append(time)
+            times = self.times.setdefault(user, [])
+            frac = getattr(time, "frac", 0.0)
+            if frac or user in self.fracs:
+                self.fracs.setdefault(user, [0.0] * len(times)).append(frac)
+            times.append(int(time))
 
     def build(self, path: Path, sort_by_time: bool) -> InteractionLog:
         """Make the log; optionally sort each user stably by timestamp."""
@@ -191,7 +218,11 @@ class _Builder:
         times = [self.times[u] for u in users] if sort_by_time else None
         if times is not None:
             for k, (seq, ts) in enumerate(zip(seqs, times)):
-                order = np.argsort(np.asarray(ts, dtype=np.int64), kind="stable")
+                whole = np.asarray(ts, dtype=np.int64)
+                if users[k] in self.fracs:  # by the exact time (lexsort is stable)
+                    order = np.lexsort((np.asarray(self.fracs[users[k]]), whole))
+                else:
+                    order = np.argsort(whole, kind="stable")
                 seqs[k] = [seq[j] for j in order]
                 times[k] = [ts[j] for j in order]
         return _nonempty(InteractionLog(users, seqs, times, str(path)))
@@ -267,7 +298,7 @@ def read_json(path: str | Path) -> InteractionLog:
     seen: dict[int, str] = {}
     for key, items in obj:
         where = f"{path}: user {key!r}"
-        if not key.isdigit():
+        if not _is_digits(key):
             raise ValueError(f"{where}: user key is not a non-negative integer")
         if int(key) in seen:  # "3" twice, or "3" and "03"
             raise ValueError(f"{where}: user {int(key)} appears twice (also as {seen[int(key)]!r})")

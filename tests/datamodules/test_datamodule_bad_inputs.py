@@ -13,6 +13,10 @@ BAD = [
     ("s3rec", "s.txt", "1 2 3\n2 x 4\n", r":2: non-integer item id 'x'"),
     ("s3rec", "s.txt", "1 2 3\nu 4\n", r":2: non-integer user id 'u'"),
     ("s3rec", "s.txt", "1 2 3\n2 -4\n", r":2: negative item id -4"),
+    # int() takes these, which would merge them with 10 and 12
+    ("s3rec", "s.txt", "1 2 3\n2 1_0\n", r":2: non-integer item id '1_0'"),
+    ("pairs", "p.txt", "1 2\n1 \uff11\uff12\n", r":2: non-integer item id '\uff11\uff12'"),
+    ("json", "j.json", '{"\u00b2": [1]}', r"user '\u00b2': user key is not a non-negative"),
     ("s3rec", "s.txt", "1 2 3\n\n7\n", r":3: expected 'user item1"),
     ("s3rec", "s.txt", "1 2 3\n1 4\n", r":2: user 1 already listed on line 1"),
     ("pairs", "p.txt", "1 2\n1 2 3\n", r":2: expected 2 fields"),

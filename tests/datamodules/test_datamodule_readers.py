@@ -52,6 +52,25 @@ def test_recbole_atomic_sorted_by_time_with_stable_ties(write):
     assert log.timestamps == [[10, 20, 30, 30], [5]]
 
 
+def test_fractional_timestamps_order_by_their_exact_value(write):
+    """100.9 and 100.1 both store 100, but b (100.1) came before a (100.9); whole and
+    fractional times mix, also below zero; ties keep file order."""
+    text = (
+        "user_id:token\titem_id:token\ttimestamp:float\n"
+        "u\ta\t100.9\nu\tb\t100.1\nu\tc\t101\nu\td\t100\nu\te\t100.1\n"
+        "v\tp\t-0.5\nv\tq\t-1.5\nv\tr\t-1\n"
+    )
+    log = read_recbole(write("d.inter", text))
+    assert log.sequences == [["d", "b", "e", "a", "c"], ["q", "r", "p"]]
+    assert log.timestamps == [[100, 100, 100, 100, 101], [-1, -1, 0]]
+
+
+def test_recbole_row_with_an_empty_last_field(write):
+    """A tab-separated row whose last (unused) field is empty keeps its field count."""
+    text = "user_id:token\titem_id:token\trating:float\n1\ta\t\n1\tb\t4\n"
+    assert read_recbole(write("d.inter", text)).sequences == [["a", "b"]]
+
+
 def test_recbole_atomic_without_time_keeps_file_order(write):
     log = read_recbole(write("d.inter", "item_id:token\tuser_id:token\nq\t1\np\t1\n"))
     assert log.sequences == [["q", "p"]] and log.timestamps is None
