@@ -351,17 +351,33 @@ def _answer_token_span(
     return (hit[0], hit[-1]) if hit else None
 
 
-def _locate(ex: QAExample, gold: Passage) -> tuple[int, int] | None:
-    if not ex.answers or not ex.answers[0]:
+def _locate(ex: QAExample, gold: Passage, ans: str) -> tuple[int, int] | None:
+    """Character span of ``ans`` in ``gold`` (exact, else case-insensitive), or None."""
+    if not ans:
         return None
-    ans = ex.answers[0]
-    if ex.answer_start is not None and gold is ex.gold[0]:
+    if ex.answer_start is not None and gold is ex.gold[0] and ans == ex.answers[0]:
         if gold.text[ex.answer_start : ex.answer_start + len(ans)] == ans:
             return ex.answer_start, ex.answer_start + len(ans)
     i = gold.text.find(ans)
     if i < 0:
         i = gold.text.lower().find(ans.lower())
     return (i, i + len(ans)) if i >= 0 else None
+
+
+def target_answer(ex: QAExample) -> tuple[str, Passage | None]:
+    """The answer a model is trained to produce, and the gold passage that holds it.
+
+    The first of ``ex.answers`` found in a gold passage (on NQ-open ~8% of the
+    questions list first an answer that their passage does not contain, while
+    another listed answer is there: training on the first would teach an answer
+    the prompt does not show, and the crop would not keep the one it does);
+    else the first answer, with no passage.
+    """
+    for ans in ex.answers:
+        for g in ex.gold:
+            if _locate(ex, g, ans) is not None:
+                return ans, g
+    return (ex.answers[0] if ex.answers else ""), None
 
 
 @dataclass
@@ -376,6 +392,7 @@ class EncodedExample:
     n_passages: int
     n_distractors: int
     gold_index: list[int] = field(default_factory=list)
+    index: int = -1  # position in its split (the QA metric counts each once under DDP)
 
 
 def crop_around(
@@ -418,7 +435,7 @@ def encode_example(
     """Tokenise ``passages`` (gold among distractors, in order) + question + answer.
 
     Each passage is first cut to ``max_passage_tokens`` (the answer-bearing gold
-    passage to a window that contains the answer). Then ``max_length`` is met
+    passage to a window that contains the answer, :func:`target_answer`). Then ``max_length`` is met
     by dropping distractors (last first), then cropping gold passages the same
     way. None if the answer itself cannot fit.
 
@@ -429,7 +446,7 @@ def encode_example(
     token differs from running text); left so, since re-encoding it would
     move its crop and answer span.
     """
-    answer_text = ex.answers[0] if ex.answers else ""
+    answer_text, answer_gold = target_answer(ex)
     answer = (tok.encode(" " + answer_text) if answer_text else []) + [tok.eos_id]
     if len(answer) - 1 > max_answer_tokens:
         return None
@@ -438,13 +455,12 @@ def encode_example(
     budget = max_length - 1 - len(question) - len(answer)  # 1 for BOS
     bodies: list[list[int]] = []
     spans: list[tuple[int, int] | None] = []
-    answer_gold = next((g for g in ex.gold if _locate(ex, g) is not None), None)
     for n, p in enumerate(passages):
         span = None
         first = n == 0  # right after BOS: the start of the document, not a continuation
         if p is answer_gold:
             ids, offsets = tok.encode_with_offsets(p.text, start=first)
-            char_span = _locate(ex, p)
+            char_span = _locate(ex, p, answer_text)
             assert char_span is not None
             span = _answer_token_span(offsets, *char_span)
         else:
@@ -512,7 +528,14 @@ def arrange_passages(
     pool: Sequence[tuple[str, Passage]],
     rng: np.random.Generator,
 ) -> list[Passage]:
-    """The gold passages inserted at random positions among ``k`` distractors."""
+    """The gold passages inserted at random positions among ``k`` distractors.
+
+    Fewer than ``k`` when the source has fewer candidates (the caller counts and
+    reports them). Passages drawn from the split (``other_articles``,
+    ``same_article``) that contain an accepted answer as a phrase are not
+    candidates: they would answer the question, not distract from it (the
+    dataset's own distractors are taken as the dataset defines them).
+    """
     if k <= 0:
         return ex.gold
     if source == "auto":
@@ -522,7 +545,18 @@ def arrange_passages(
     else:
         gold_text = {p.text for p in ex.gold}
         same = source == "same_article"
-        cand = [p for g, p in pool if (g == ex.group) == same and p.text not in gold_text]
+        answers = [
+            re.compile(r"(?<!\w)" + re.escape(a.strip()) + r"(?!\w)", re.IGNORECASE)
+            for a in ex.answers
+            if a.strip()
+        ]
+        cand = [
+            p
+            for g, p in pool
+            if (g == ex.group) == same
+            and p.text not in gold_text
+            and not any(a.search(p.text) for a in answers)
+        ]
     picks = [cand[i] for i in rng.choice(len(cand), size=min(k, len(cand)), replace=False)]
     out = [Passage(p.text, p.title, gold=False) for p in picks]
     for g in ex.gold:
@@ -548,7 +582,8 @@ def collate_qa(items: Sequence[EncodedExample], pad_id: int) -> dict[str, Any]:
 
     input_ids, attention_mask, labels: (B, T) with ``labels[t]`` the target of
     position ``t`` (``-100`` outside the answer); prompt_ids, prompt_mask: (B, P);
-    answers: gold strings; ids; context_tokens: (B,) prompt lengths.
+    answers: gold strings; ids; context_tokens: (B,) prompt lengths; index: (B,)
+    positions in the split (-1 where unknown).
     """
     b = len(items)
     seqs = [it.prompt + it.answer for it in items]
@@ -575,6 +610,7 @@ def collate_qa(items: Sequence[EncodedExample], pad_id: int) -> dict[str, Any]:
         "answers": [it.answers for it in items],
         "ids": [it.id for it in items],
         "context_tokens": torch.tensor([len(it.prompt) for it in items]),
+        "index": torch.tensor([it.index for it in items], dtype=torch.long),
         "n_distractors": torch.tensor([it.n_distractors for it in items]),
     }
 
@@ -672,6 +708,7 @@ class QADataModule(L.LightningDataModule):
         self.splits: dict[str, list[QAExample]] = {}
         self.encoded: dict[str, list[EncodedExample]] = {}
         self.dropped: dict[str, int] = {}
+        self.short_of_distractors: dict[str, int] = {}  # examples with < num_distractors
 
     # ----------------------------------------------------------- set-up
     def source_files(self) -> list[Path]:
@@ -774,19 +811,20 @@ class QADataModule(L.LightningDataModule):
         examples = self._subset(examples, limit, {"train": 0, "val": 1, "test": 2}[name])
         pool = passage_pool(self.splits[name])
         special = {i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None}
-        out, dropped, too_long_answer = [], 0, 0
+        out, dropped, too_long_answer, short = [], 0, 0, 0
         max_answer = self.max_answer_tokens if train else 10**6
         salt = {"train": 11, "val": 12, "test": 13}[name]
         for ex in examples:
             rng = self._example_rng(ex.id, salt)
             passages = arrange_passages(ex, self.num_distractors, self.distractor_source, pool, rng)
+            short += len(passages) - len(ex.gold) < self.num_distractors
             # eval answers are never dropped for length: their targets only feed the val loss
             enc = encode_example(
                 ex, tok, passages, self.max_length, max_answer, self.max_passage_tokens, rng,
             )  # fmt: skip
             if enc is None:
                 dropped += 1
-                answer = ex.answers[0] if ex.answers else ""
+                answer = target_answer(ex)[0]
                 too_long_answer += answer != "" and len(tok.encode(" " + answer)) > max_answer
                 continue
             if train and self.noise_rate > 0:
@@ -794,7 +832,17 @@ class QADataModule(L.LightningDataModule):
                     enc.answer, self.noise_rate, tok.vocab_size, special, self._noise_rng(ex.id)
                 )
             out.append(enc)
+        for i, enc in enumerate(out):
+            enc.index = i
         self.dropped[name] = dropped
+        self.short_of_distractors[name] = short
+        if short:
+            rank_zero_warn(
+                f"QADataModule {name}: {short} of {len(examples)} examples got fewer than "
+                f"num_distractors={self.num_distractors} distractors: their source "
+                f"({self.distractor_source!r}) has fewer candidates (a drawn passage that "
+                "contains an accepted answer is not one)"
+            )
         if examples and not out:
             causes = []
             if too_long_answer:

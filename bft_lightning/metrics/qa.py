@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -51,29 +52,75 @@ def qa_scores(prediction: str, golds: Sequence[str]) -> tuple[float, float]:
 
 
 class QAScore(Metric):
-    """Mean EM and F1 (in [0, 1]) over questions, summed states (exact under DDP)."""
+    """Mean EM and F1 (in [0, 1]) over questions, exact under DDP.
+
+    Given each question's ``index`` (its position in the split), the scores are
+    kept per question and a question scored twice (``DistributedSampler``
+    repeats a few to even out the processes) counts once, so N processes give
+    what one gives; without it, summed states (each row counts).
+    """
 
     full_state_update = False
     higher_is_better = True
     em_sum: Tensor
     f1_sum: Tensor
     count: Tensor
+    index: list[Tensor]
+    em: list[Tensor]
+    f1: list[Tensor]
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.add_state("em_sum", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("f1_sum", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        for name in ("index", "em", "f1"):
+            self.add_state(name, [], dist_reduce_fx="cat")
 
-    def update(self, predictions: Sequence[str], golds: Sequence[Sequence[str]]) -> None:  # type: ignore[override]
+    def update(  # type: ignore[override]
+        self,
+        predictions: Sequence[str],
+        golds: Sequence[Sequence[str]],
+        index: Tensor | Sequence[int] | None = None,
+    ) -> None:
         if len(predictions) != len(golds):
             raise ValueError(f"{len(predictions)} predictions for {len(golds)} gold lists")
-        for pred, gold in zip(predictions, golds):
-            em, f = qa_scores(pred, gold)
-            self.em_sum += em
-            self.f1_sum += f
-        self.count += len(predictions)
+        scores = [qa_scores(pred, gold) for pred, gold in zip(predictions, golds)]
+        idx = None if index is None else torch.as_tensor(index, dtype=torch.long).flatten()
+        if idx is not None and (len(idx) != len(scores) or bool((idx < 0).any())):
+            idx = None  # unknown positions: every row counts
+        if idx is None:
+            for em, f in scores:
+                self.em_sum += em
+                self.f1_sum += f
+            self.count += len(scores)
+            return
+        device = self.count.device
+        self.index.append(idx.to(device))
+        self.em.append(torch.tensor([e for e, _ in scores], dtype=torch.float64, device=device))
+        self.f1.append(torch.tensor([f for _, f in scores], dtype=torch.float64, device=device))
+
+    @property
+    def rows(self) -> int:
+        """Rows scored by this process (before any reduction)."""
+        return int(self.count) + sum(len(i) for i in self.index)
 
     def compute(self) -> dict[str, Tensor]:  # type: ignore[override]
-        n = self.count.clamp_min(1).double()
-        return {"em": (self.em_sum / n).float(), "f1": (self.f1_sum / n).float()}
+        em, f1, n = self.em_sum.clone(), self.f1_sum.clone(), self.count.double()
+        if len(self.index):  # a list, or one tensor after a DDP sync
+            index = dim_zero_cat(self.index)
+            first = _first_occurrence(index)
+            em = em + dim_zero_cat(self.em)[first].sum()
+            f1 = f1 + dim_zero_cat(self.f1)[first].sum()
+            n = n + len(first)
+        n = n.clamp_min(1)
+        return {"em": (em / n).float(), "f1": (f1 / n).float()}
+
+
+def _first_occurrence(index: Tensor) -> Tensor:
+    """Positions of the first occurrence of each distinct value of ``index``."""
+    order = torch.argsort(index, stable=True)
+    sorted_index = index[order]
+    new = torch.ones_like(sorted_index, dtype=torch.bool)
+    new[1:] = sorted_index[1:] != sorted_index[:-1]
+    return order[new]

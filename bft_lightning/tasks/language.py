@@ -236,7 +236,7 @@ class LanguageSFT(L.LightningModule):
         self.log(f"{split}/loss", loss, batch_size=max(n, 1), sync_dist=True)
         if self.generate and "prompt_ids" in batch:
             preds = self.answer(batch)
-            metric.update(preds, batch["answers"])
+            metric.update(preds, batch["answers"], batch.get("index"))
             if split == "test":
                 self.predictions += [
                     {"id": i, "prediction": p, "answers": a}
@@ -253,7 +253,7 @@ class LanguageSFT(L.LightningModule):
         self.predictions = []
 
     def _log_qa(self, split: str, metric: QAScore) -> None:
-        if int(metric.count) == 0:
+        if metric.rows == 0:
             return
         scores = metric.compute()
         self.log_dict({f"{split}/{k}": v for k, v in scores.items()})

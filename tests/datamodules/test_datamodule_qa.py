@@ -136,6 +136,15 @@ def test_dropped_examples_are_reported(tmp_path: Path) -> None:
     assert dm.dropped == {"train": len(dm.encoded["train"]), "val": 0, "test": 0}
 
 
+def test_examples_short_of_distractors_are_reported(tmp_path: Path) -> None:
+    """Three paragraphs per article: same-article distractors can give at most two."""
+    file = write_squad(tmp_path / "s.json")
+    dm = _dm(tmp_path, file, num_distractors=3, distractor_source="same_article")
+    with pytest.warns(UserWarning, match=r"train: (\d+) of \1 examples got fewer than "):
+        dm.setup("fit")
+    assert dm.short_of_distractors["train"] == len(dm.encoded["train"]) > 0
+
+
 def test_a_split_emptied_by_max_answer_tokens_is_an_error(tmp_path: Path) -> None:
     file = write_squad(tmp_path / "s.json", answer_words=(8,))
     dm = _dm(tmp_path, file, max_answer_tokens=1)
@@ -203,3 +212,10 @@ def test_an_example_keeps_its_prompt_whatever_the_subset(tmp_path: Path) -> None
         prompts.append({e.id: e.prompt for e in dm.encoded["train"]})
     full, subset = prompts
     assert len(subset) == 40 and all(subset[i] == full[i] for i in subset)
+
+
+def test_batches_carry_each_question_s_position_in_its_split(tmp_path: Path) -> None:
+    dm = _dm(tmp_path, write_squad(tmp_path / "s.json"), eval_batch_size=4)
+    dm.setup("fit")
+    seen = [i for b in dm.val_dataloader() for i in b["index"].tolist()]
+    assert seen == list(range(len(dm.encoded["val"])))

@@ -26,6 +26,7 @@ from bft_lightning.datamodules.qa import (
     split_by_group,
     train_bpe_tokenizer,
 )
+from bft_lightning.datamodules.qa import target_answer as qa_target_answer
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,39 @@ def test_truncation_never_cuts_the_answer(bpe) -> None:
         assert "answer" in bpe.decode(enc.prompt)
         enc = encode_example(ex, bpe, ex.passages, 64, 8, max_passage_tokens=20, rng=rng)
         assert enc is not None and "answer" in bpe.decode(enc.prompt)
+
+
+def test_the_target_is_the_answer_the_passage_holds(bpe) -> None:
+    """The first listed answer is not in the passage, the second is: the model trains
+    on the second, and a tight crop keeps it in the prompt."""
+    words = [f"w{i % 60}" for i in range(200)]
+    words[150] = "answer"
+    text = " ".join(words)
+    ex = QAExample("q", "what is it", ["elsewhere", "answer"], [Passage(text)], "g", None)
+    assert qa_target_answer(ex) == ("answer", ex.passages[0])
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        enc = encode_example(ex, bpe, ex.passages, 64, 8, max_passage_tokens=12, rng=rng)
+        assert enc is not None and bpe.decode(enc.answer[:-1]).strip() == "answer"
+        assert "answer" in bpe.decode(enc.prompt) and enc.answers == ["elsewhere", "answer"]
+    none_held = QAExample("q", "what", ["x1", "x2"], [Passage("w1 w2")], "g", None)
+    assert qa_target_answer(none_held) == ("x1", None)
+
+
+def test_drawn_distractors_never_hold_an_answer() -> None:
+    """Passages of the split that contain an accepted answer (as a phrase, any case)
+    are not drawn as distractors; a word merely containing it still may be."""
+    ex = QAExample("q", "who", ["Blue Moon"], [Passage("gold: blue moon rises")], "a", None)
+    pool = [
+        ("b", Passage("it was a BLUE MOON night")),  # holds the answer
+        ("c", Passage("the blue moonlight faded")),  # only a longer word: a fine distractor
+        ("d", Passage("nothing here")),
+    ]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        out = arrange_passages(ex, 3, "other_articles", pool, rng)
+        texts = {p.text for p in out if not p.gold}
+        assert texts == {"the blue moonlight faded", "nothing here"}  # 2 of the 3 asked
 
 
 def test_answer_too_long_is_dropped(bpe) -> None:

@@ -73,3 +73,23 @@ def test_metric_accumulates() -> None:
     assert m.count == torch.tensor(3)
     with pytest.raises(ValueError):
         m.update(["a"], [])
+
+
+def test_a_question_scored_twice_counts_once() -> None:
+    """With positions, a repeated question (DistributedSampler's padding under DDP)
+    counts once, also once the per-process lists are concatenated into tensors (what
+    a DDP sync leaves); rows without positions still all count."""
+    m = QAScore()
+    m.update(["paris", "blue"], [["Paris"], ["red"]], index=torch.tensor([0, 1]))
+    m.update(["paris"], [["Paris"]], index=torch.tensor([0]))  # question 0 again
+    assert m.rows == 3
+    assert m.compute()["em"].item() == pytest.approx(0.5)
+    synced = QAScore()
+    synced.index = torch.tensor([1, 0, 0])  # type: ignore[assignment]
+    synced.em = torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)  # type: ignore[assignment]
+    synced.f1 = torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)  # type: ignore[assignment]
+    assert synced.compute()["f1"].item() == pytest.approx(0.5)
+    plain = QAScore()
+    plain.update(["paris", "paris"], [["Paris"], ["Paris"]])
+    plain.update(["x"], [["Paris"]], index=[-1])  # unknown position: counted as a row
+    assert plain.compute()["em"].item() == pytest.approx(2 / 3)
