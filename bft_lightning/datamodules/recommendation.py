@@ -64,9 +64,11 @@ class LengthBucketSampler(Sampler[int]):
     """Shuffled indices in which each run of ``batch_size`` has similar lengths.
 
     Indices are shuffled, cut into pools of ``batch_size * pool_batches``, each
-    pool is sorted by length and cut into batches, and the batches are
-    shuffled. A batch then trims to its longest row (most histories are short,
-    so padding to ``max_len`` wastes most of the compute); every row is still
+    pool is sorted by length and cut into batches, and the full batches are
+    shuffled (a short one, at most one an epoch, comes last, so that the
+    batches of a process stay aligned with the buckets). A batch then trims to
+    its longest row (most histories are short, so padding to ``max_len`` wastes
+    most of the compute); every row is still
     seen once an epoch. The order changes every epoch (``seed + epoch``;
     ``set_epoch`` pins it, as ``DistributedSampler``'s does). ``pool_batches=1``
     is a plain shuffle (each batch is a random chunk of the permutation).
@@ -127,7 +129,12 @@ class LengthBucketSampler(Sampler[int]):
             ]
         if not batches:
             return order
-        return np.concatenate([batches[b] for b in rng.permutation(len(batches))])
+        # the one short batch (the end of the last pool) goes last: shuffled in, it would
+        # shift every later batch off the bucket boundaries (on Amazon Beauty, batch 256:
+        # 33 of 88 batches straddled two buckets, +21% padded positions)
+        full = [x for x in batches if len(x) == self.global_batch]
+        short = [x for x in batches if len(x) < self.global_batch]
+        return np.concatenate([full[b] for b in rng.permutation(len(full))] + short)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         order = self.global_order(self.epoch)

@@ -108,18 +108,25 @@ def test_sharded_bucket_batches_are_shares_of_one_process_batches(world, pool_ba
     assert list(one) != single  # without set_epoch, the next pass reshuffles
 
 
-def test_one_replica_order_is_unchanged_by_sharding_support():
+def test_one_replica_order_is_pools_sorted_into_batches_with_the_short_one_last():
     lengths = np.random.default_rng(1).integers(1, 30, size=100)
     s = LengthBucketSampler(lengths, 16, seed=2)
-    rng = np.random.default_rng(2)  # the order the sampler always produced
+    rng = np.random.default_rng(2)
     order = rng.permutation(100)
     pools = [order[i : i + 800] for i in range(0, 100, 800)]
     batches = []
     for pool in pools:
         pool = pool[np.argsort(lengths[pool], kind="stable")]
         batches += [pool[i : i + 16] for i in range(0, len(pool), 16)]
-    expected = np.concatenate([batches[k] for k in rng.permutation(len(batches))]).tolist()
-    assert list(s) == expected
+    full, short = batches[:-1], batches[-1]  # 100 = 6 x 16 + 4
+    expected = np.concatenate([full[k] for k in rng.permutation(len(full))] + [short]).tolist()
+    got = list(s)
+    assert got == expected
+    # every loader batch is one bucket: its rows are consecutive in the sorted pool
+    ranks = {int(x): i for i, x in enumerate(np.concatenate(batches))}
+    for i in range(0, 100, 16):
+        pos = sorted(ranks[x] for x in got[i : i + 16])
+        assert pos == list(range(pos[0], pos[0] + len(pos)))
 
 
 def test_datamodule_shards_training_rows_over_the_trainer_ranks():
@@ -227,20 +234,26 @@ def test_two_processes_batch_b_take_the_steps_of_one_process_batch_2b(
 
 
 def test_two_processes_follow_one_process_with_adamw_and_running_sill(tmp_path, monkeypatch):
-    """The shipped set-up (AdamW, BFT with its running sill): equal within tolerance.
+    """The shipped set-up (AdamW, BFT with its running sill): equal within round-off.
 
     The running sill's moments are summed over the processes, so it equals the
-    one-process sill; AdamW amplifies round-off in zero-gradient parameters, which
-    stays far below the effect of a different batch.
+    one-process sill. The keys' in-projection bias is left out: softmax does not
+    change when a key bias is added to every score of a row, so its gradient is
+    zero up to round-off, which AdamW's normalisation turns into steps of ~1e-4
+    that differ between any two summation orders.
     """
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     b = 16
     ddp = fit_steps(tmp_path, 2, b, "on", sgd=False)
     one = fit_steps(tmp_path, 1, 2 * b, "on", sgd=False)
     other = fit_steps(tmp_path, 1, b, "on", sgd=False)
-    tolerance = 1e-4
-    assert max_diff(ddp, one) < tolerance
-    assert max_diff(other, one) > 10 * tolerance
+    for params in (ddp, one, other):
+        for name, value in params.items():
+            if name.endswith("in_proj_bias"):
+                d = value.shape[0] // 3
+                params[name] = torch.cat([value[:d], value[2 * d :]])  # queries, values
+    assert max_diff(ddp, one) < 1e-6
+    assert max_diff(other, one) > 1e-3
 
 
 def test_hstu_without_timestamps_trains_under_plain_ddp(tmp_path, monkeypatch):
