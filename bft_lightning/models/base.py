@@ -97,6 +97,8 @@ class SequentialRecommender(nn.Module):
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
+        if head == "precision" and precision != "on":  # its temperature would get no gradient
+            raise ValueError("head='precision' reads the final precision: it needs precision='on'")
         if positions not in ("from_end", "from_start"):
             raise ValueError(f"positions must be 'from_end' or 'from_start', got {positions!r}")
         self.positions = positions
@@ -187,6 +189,8 @@ class SequentialRecommender(nn.Module):
     # -- forward ------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """(B, L) ids -> (B, L, d) layer-0 state ``h0``."""
+        if ids.shape[1] > self.max_len:  # positions past max_len would share one embedding
+            raise ValueError(f"input width {ids.shape[1]} exceeds max_len={self.max_len}")
         if self.positions == "from_start":  # index from the row's first item (left padding)
             pos = ((ids != 0).long().cumsum(1) - 1).clamp_min(0)  # (B, L)
         else:  # distance from the row's last position, as SASRec's left-padded window

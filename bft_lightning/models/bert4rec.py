@@ -32,6 +32,8 @@ class BERT4Rec(SequentialRecommender):
         super().__init__(num_items, max_len, **kwargs)
         if not 0.0 < mask_prob <= 1.0:
             raise ValueError(f"mask_prob must be in (0, 1], got {mask_prob}")
+        if max_len < 2:  # the evaluation input is max_len - 1 items and the mask token
+            raise ValueError(f"BERT4Rec needs max_len >= 2, got {max_len}")
         self.mask_prob = mask_prob
         self.mask_token = num_items + 1
         d = self.d_model
@@ -39,6 +41,12 @@ class BERT4Rec(SequentialRecommender):
         self.out_bias = nn.Parameter(torch.zeros(num_items + 1))
 
     def train_view(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
+        if batch.get("num_targets") is not None:
+            raise ValueError(
+                "BERT4Rec trains on cloze-masked whole histories: prefix rows "
+                "(train_rows='prefix', one row per target) would mask and train an early "
+                "item once per row; use train_rows='user'"
+            )
         seq = batch["seq"][:, -self.max_len :]  # (B, L): the most recent L training items
         valid = seq != 0
         masked = (torch.rand(seq.shape, device=seq.device) < self.mask_prob) & valid

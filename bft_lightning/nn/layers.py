@@ -376,13 +376,13 @@ class BFTEncoder(nn.Module):
         """src: (B, T, d); log_precision: (B, T, G) or (B, T, 1), -inf at padding.
 
         ``mask`` is a (T, T) attention mask (bool True = blocked, or float 0 /
-        -inf); with ``is_causal=True`` and no mask the causal mask is built.
+        -inf); ``is_causal=True`` blocks the future as well (with no mask, the
+        causal mask; with one, both: a causal mask given as ``mask`` is unchanged,
+        a narrower one, e.g. a causal window, is kept).
         Returns the output (B, T, d), and with ``return_precision`` the final
         ``log lambda`` (B, T, G) too (None in off mode).
         """
         causal = bool(is_causal)
-        if causal and mask is not None:
-            mask = None  # the causal mask is built from is_causal
         h, lp = src, log_precision
         if lp is not None and lp.shape[-1] == 1:
             lp = lp.expand(*lp.shape[:2], self.first_layer.groups)

@@ -147,6 +147,7 @@ class SequentialRecommendation(L.LightningModule):
         loss_normalization: str = "rows",
     ) -> None:
         super().__init__()
+        self._prior_initialised = False  # the frequency prior is set by the first fit only
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
         if loss_normalization not in ("targets", "rows"):
@@ -179,8 +180,11 @@ class SequentialRecommendation(L.LightningModule):
                 f"{data_items}: evaluate a model on the data (and item ids) it was trained on"
             )
         freq = self._item_frequency()
-        if stage == "fit" and freq is not None:
+        if stage == "fit" and freq is not None and not self._prior_initialised:
+            # once: a second fit of the same module continues from the learned prior (a
+            # resumed run's checkpoint is loaded after setup, over this init)
             self.model.init_prior_from_frequency(freq)
+            self._prior_initialised = True
 
     def _item_frequency(self) -> Tensor | None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None

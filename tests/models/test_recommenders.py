@@ -184,6 +184,24 @@ def test_bad_options_are_named() -> None:
         HSTU(N, precision="on", gain="head")
     with pytest.raises(ValueError, match="key_precision"):
         HSTU(N, precision="on", key_precision=False)
+    with pytest.raises(ValueError, match="head='precision' .* needs precision='on'"):
+        SASRec(N, head="precision")  # its temperature would never get a gradient
+    with pytest.raises(ValueError, match="BERT4Rec needs max_len >= 2"):
+        BERT4Rec(N, max_len=1)
+
+
+def test_inputs_wider_than_max_len_are_refused() -> None:
+    """Positions past max_len would all share the first position's embedding."""
+    model = SASRec(N, max_len=5)
+    with pytest.raises(ValueError, match="input width 8 exceeds max_len=5"):
+        model.encode(left_padded([3, 8], width=8))
+
+
+def test_bert4rec_refuses_prefix_rows() -> None:
+    """One row per target would cloze-mask (and train) an early item once per row."""
+    batch = {"seq": left_padded([3, 4]), "num_targets": torch.tensor([1, 1])}
+    with pytest.raises(ValueError, match="train_rows='user'"):
+        BERT4Rec(N).train_view(batch)
 
 
 @pytest.mark.parametrize("cls", [SASRec, BERT4Rec])

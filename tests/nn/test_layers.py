@@ -59,6 +59,25 @@ def test_from_torch_off_equals_encoder(causal: bool) -> None:
     torch.testing.assert_close(got[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_a_causal_window_mask_with_is_causal_equals_the_encoder(mask_dtype) -> None:
+    """A mask narrower than causal (a window of 3) passed with ``is_causal=True`` is
+    kept, as ``nn.TransformerEncoder`` keeps it (the flag then only adds causality)."""
+    enc = torch_encoder(2)
+    mine = BFTEncoder.from_torch(enc, precision="off").eval()
+    i = torch.arange(8)
+    blocked = (i[None, :] > i[:, None]) | (i[:, None] - i[None, :] >= 3)
+    mask = (
+        blocked if mask_dtype == torch.bool else torch.zeros(8, 8).masked_fill(blocked, -torch.inf)
+    )
+    x, pad = torch.randn(2, 8, D), right_pad(2, 8, [8, 5])
+    expected = enc(x, mask=mask, src_key_padding_mask=pad, is_causal=True)
+    got = mine(x, mask=mask, src_key_padding_mask=pad, is_causal=True)
+    torch.testing.assert_close(got[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
+    plain_causal = mine(x, src_key_padding_mask=pad, is_causal=True)
+    assert (plain_causal[~pad] - got[~pad]).abs().max() > 1e-3  # the window matters
+
+
 def test_from_torch_rejects_post_norm_and_on_copies_weights() -> None:
     post = nn.TransformerEncoder(
         nn.TransformerEncoderLayer(D, H, FF, batch_first=True), 1, enable_nested_tensor=False

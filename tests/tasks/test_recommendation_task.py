@@ -254,3 +254,18 @@ def test_eval_step_runs_on_a_bf16_model() -> None:
     scores = eval_scores(task.to(torch.bfloat16), eval_batch())
     assert scores.dtype == torch.float32
     assert torch.isfinite(scores[:, 1:]).all()
+
+
+def test_a_second_fit_continues_from_the_learned_prior(tmp_path) -> None:
+    """The frequency init of the prior runs at the first fit only: fitting the same
+    module again (more epochs, no checkpoint) keeps the log tau it learned."""
+    dm = small_data(synthetic_users=300, synthetic_items=100, batch_size=64)
+    backbone = partial(SASRec, precision="on", d_model=16, prior_init="frequency")
+    task = SequentialRecommendation(dm.num_items, 20, backbone=backbone, lr=1e-2)
+    trainer(tmp_path, max_steps=3, limit_val_batches=0).fit(task, dm)
+    learned = task.model.prior.log_tau.weight.detach().clone()
+    trainer(tmp_path, max_steps=0, limit_val_batches=0).fit(task, dm)  # set-up, no step
+    torch.testing.assert_close(task.model.prior.log_tau.weight, learned, rtol=0, atol=0)
+    fresh = SequentialRecommendation(dm.num_items, 20, backbone=backbone)
+    trainer(tmp_path, max_steps=0, limit_val_batches=0).fit(fresh, dm)
+    assert (fresh.model.prior.log_tau.weight - learned).abs().max() > 1e-3  # it did learn
