@@ -5,13 +5,20 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-slow lint quickstart clean
+.PHONY: setup test test-slow lint quickstart clean FORCE
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml
+# the torch build asked for: a changed TORCH_SPEC re-runs the install
+SPEC_FILE := $(VENV)/.torch-spec
+$(SPEC_FILE): FORCE | $(PY)
+	@echo "$(TORCH_SPEC)" | cmp -s - $@ || echo "$(TORCH_SPEC)" > $@
+
+FORCE:
+
+$(STAMP): $(PY) pyproject.toml $(SPEC_FILE)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)

@@ -190,3 +190,11 @@ def main(args: list[str] | None = None, run: bool = True) -> BFTCLI:
         args=args,
         run=run,
     )
+
+
+def run() -> None:
+    """The ``bft-lightning`` console script: :func:`main` with the process's arguments.
+
+    Returns None, so the script exits 0 (``sys.exit`` of the CLI object would be
+    an error exit)."""
+    main()

@@ -9,24 +9,39 @@ checkpoint, and print the two metric tables side by side with the strata.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bft_lightning.cli import main
 from bft_lightning.metrics import compare_table
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "experiments"
 KEYS = ("hr@10", "ndcg@10", "mrr", "gain")
+
+
+def configs_dir() -> Path:
+    """``configs/experiments`` of the working directory, else of the source tree."""
+    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        if (base / "configs" / "experiments").is_dir():
+            return base / "configs" / "experiments"
+    raise FileNotFoundError(
+        "configs/experiments not found in the working directory or next to the package: "
+        "run the quick start from the repository's root"
+    )
 
 
 def run(variant: str, backbone: str, dataset: str, max_epochs: int | None) -> tuple[dict, str]:
     """Fit and test one configuration; returns its test metrics and log directory."""
-    args = ["--config", str(CONFIGS / f"{backbone}_{variant}_{dataset}.yaml")]
+    args = ["--config", str(configs_dir() / f"{backbone}_{variant}_{dataset}.yaml")]
     args += ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     if max_epochs is not None:
         args.append(f"--trainer.max_epochs={max_epochs}")
     cli = main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)
+    # the best validation checkpoint; a run too short to validate tests its last weights
+    best = getattr(cli.trainer.checkpoint_callback, "best_model_path", "")
+    cli.trainer.test(
+        cli.model, datamodule=cli.datamodule, ckpt_path="best" if best else None, verbose=False
+    )
     return cli.model.test_results, str(cli.trainer.log_dir)
 
 
@@ -44,6 +59,7 @@ def cli() -> None:
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--max-epochs", type=int, default=None)
     opts = parser.parse_args()
+    sys.argv = sys.argv[:1]  # parsed here: the CLI gets its arguments from run()
     results, dirs = {}, {}
     for variant in ("off", "on"):
         results[variant], dirs[variant] = run(variant, opts.backbone, opts.dataset, opts.max_epochs)

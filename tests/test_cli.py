@@ -69,3 +69,34 @@ def test_launch_mismatch_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(SystemExit, match="world size"):
         main(["--config", str(EXPERIMENTS[0]), "--trainer.devices=1"], run=False)
+
+
+def test_console_script_exits_zero_after_a_run(tmp_path) -> None:
+    """The installed ``bft-lightning`` script is ``sys.exit(<entry point>())``: the entry
+    point must return None (an object would make every successful run exit 1)."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "bft-lightning"]
+    cfg = CONFIGS / "experiments" / "sasrec_off_synthetic.yaml"
+    code = f"import sys; from {ep.module} import {ep.attr} as f; sys.exit(f())"
+    args = ["fit", "--config", str(cfg), "--trainer.fast_dev_run=1", "--trainer.logger=false",
+            f"--trainer.default_root_dir={tmp_path}", "--data.init_args.synthetic_users=300",
+            "--data.init_args.max_len=12"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_quickstart_runs_from_any_directory(tmp_path) -> None:
+    """``make quickstart``'s module, one epoch: both runs, then the side-by-side table;
+    the configs are found from another working directory, and its own arguments do
+    not reach the CLI (no LightningCLI warning about both)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "bft_lightning.quickstart", "--max-epochs", "1"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "precision off vs on" in done.stdout and "item_q0" in done.stdout
+    assert "both args and command line arguments" not in done.stderr

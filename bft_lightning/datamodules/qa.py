@@ -80,17 +80,19 @@ QUESTION_TEMPLATE = "\n\nQuestion: {question}\nAnswer:"
 IGNORE_INDEX = -100
 
 
-def data_root() -> Path:
-    """``$BFT_DATA_ROOT`` or ``<repo>/../shared/data``."""
+def data_root(root: str | Path | None = None) -> Path:
+    """``root`` when given, else ``$BFT_DATA_ROOT``, else ``<repo>/../shared/data``."""
+    if root is not None:
+        return Path(root).expanduser()
     return Path(os.environ.get("BFT_DATA_ROOT", REPO_ROOT.parent / "shared" / "data"))
 
 
-def resolve_data_file(path: str | Path) -> Path:
+def resolve_data_file(path: str | Path, root: str | Path | None = None) -> Path:
     """``path`` if it exists, else under the data root (e.g. ``tinyshakespeare/input.txt``)."""
     p = Path(path).expanduser()
     if p.exists() or p.is_absolute():
         return p
-    return data_root() / p
+    return data_root(root) / p
 
 
 @dataclass
@@ -241,7 +243,10 @@ def read_qa(path: str | Path) -> list[QAExample]:
     """Read any supported file by its name and content."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"QA file {str(path)!r} not found (data root: {data_root()})")
+        raise FileNotFoundError(
+            f"QA file {str(path.absolute())!r} not found; set data_root (or $BFT_DATA_ROOT) to "
+            "the folder that holds the datasets' folders"
+        )
     if path.suffix == ".gz":
         return read_nq_open(path)
     with open(path, encoding="utf-8") as f:
@@ -655,6 +660,8 @@ class QADataModule(L.LightningDataModule):
         val_groups, test_groups: groups (articles) held out, a count or a fraction.
         max_train_examples, max_eval_examples: seeded subsets (None = all).
         batch_size, eval_batch_size, num_workers: loaders.
+        data_root: the folder holding the datasets' folders; None: ``$BFT_DATA_ROOT``,
+            else ``../shared/data`` next to the repository.
     """
 
     def __init__(
@@ -680,6 +687,7 @@ class QADataModule(L.LightningDataModule):
         batch_size: int = 8,
         eval_batch_size: int = 16,
         num_workers: int = 0,
+        data_root: str | None = None,
     ) -> None:
         super().__init__()
         if files is None and dataset not in DATASETS:
@@ -691,9 +699,11 @@ class QADataModule(L.LightningDataModule):
         if not 0.0 <= noise_rate <= 1.0:
             raise ValueError(f"noise_rate must be in [0, 1], got {noise_rate}")
         self.save_hyperparameters()
-        self.dataset, self.files = dataset, files
+        self.dataset, self.files, self.data_root = dataset, files, data_root
         self.tokenizer_path, self.tokenizer_vocab_size = tokenizer_path, tokenizer_vocab_size
-        self.extra_text_files = [str(resolve_data_file(f)) for f in extra_text_files or []]
+        self.extra_text_files = [
+            str(resolve_data_file(f, data_root)) for f in extra_text_files or []
+        ]
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "bft_lightning"
         self.max_length, self.max_answer_tokens = max_length, max_answer_tokens
         self.max_passage_tokens = max_passage_tokens
@@ -713,8 +723,8 @@ class QADataModule(L.LightningDataModule):
     # ----------------------------------------------------------- set-up
     def source_files(self) -> list[Path]:
         if self.files is not None:
-            return [resolve_data_file(f) for f in self.files]
-        return [data_root() / f for f in DATASETS[self.dataset]]
+            return [resolve_data_file(f, self.data_root) for f in self.files]
+        return [data_root(self.data_root) / f for f in DATASETS[self.dataset]]
 
     def load_splits(self) -> dict[str, list[QAExample]]:
         if not self.splits:

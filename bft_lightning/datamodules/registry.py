@@ -93,6 +93,9 @@ def resolve_dataset(name: str, data_root: str | Path, download: bool = False) ->
     if not path.is_file() and download and spec.fetch is not None:
         path = spec.fetch(folder)
     if not path.is_file():
-        hint = " (or set download=True)" if spec.fetch is not None else ""
-        raise FileNotFoundError(f"dataset {name!r}: file not found at {path}{hint}")
+        hint = "; or set download=True" if spec.fetch is not None else ""
+        raise FileNotFoundError(
+            f"dataset {name!r}: file not found at {path.absolute()}; point data_root "
+            f"(--data.init_args.data_root) at the folder that holds {folder.name}/{hint}"
+        )
     return path, spec.format

@@ -219,3 +219,16 @@ def test_batches_carry_each_question_s_position_in_its_split(tmp_path: Path) -> 
     dm.setup("fit")
     seen = [i for b in dm.val_dataloader() for i in b["index"].tolist()]
     assert seen == list(range(len(dm.encoded["val"])))
+
+
+def test_data_root_option_finds_a_named_dataset(tmp_path: Path) -> None:
+    write_squad((tmp_path / "data" / "squad-dev").mkdir(parents=True) or
+                tmp_path / "data" / "squad-dev" / "dev-v1.1.json")  # fmt: skip
+    dm = QADataModule(dataset="squad", data_root=str(tmp_path / "data"),
+                      cache_dir=str(tmp_path / "cache"), tokenizer_vocab_size=300,
+                      val_groups=2, test_groups=2)  # fmt: skip
+    dm.setup("fit")
+    assert len(dm.encoded["train"]) > 0
+    missing = QADataModule(dataset="squad", data_root=str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match=r"nowhere/squad-dev/dev-v1.1.json.*data_root"):
+        missing.load_splits()
