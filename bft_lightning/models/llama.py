@@ -115,12 +115,15 @@ class LlamaConfig:
         act = config.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"only SwiGLU (hidden_act='silu') is supported, got {act!r}")
+        # transformers 5 writes rope_parameters, 4.x rope_scaling; either may carry a type
+        for key in ("rope_parameters", "rope_scaling"):
+            rope_type = (config.get(key) or {}).get("rope_type", None)
+            rope_type = rope_type or (config.get(key) or {}).get("type", "default")
+            if rope_type != "default":
+                raise NotImplementedError(
+                    f"RoPE type {rope_type!r} ({key}) is not supported (only the default RoPE)"
+                )
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise NotImplementedError(
-                f"RoPE type {rope_type!r} is not supported (only the default RoPE)"
-            )
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in config.items() if k in known}
         if isinstance(kwargs.get("eos_token_id"), list):
@@ -297,7 +300,7 @@ class LlamaForCausalLM(nn.Module):
     keeps (T x T) attention weights for the backward (only a (B, 1, T, T)
     boolean mask), so activation memory is O(L B T d); with ``"sdpa"`` or
     ``"reference"`` an on-mode layer keeps its (B, H, T, T) float32 weights,
-    O(L B H T^2). (A recomputed layer updates its running sill twice a step.)
+    O(L B H T^2). (A recomputed layer does not update its running sill again.)
 
     Args:
         config: the architecture.
@@ -358,11 +361,14 @@ class LlamaForCausalLM(nn.Module):
         attention_mask: Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool = False,
+        last_only: bool = False,
     ) -> CausalLMOutput:
-        """input_ids, attention_mask: (B, T). Returns logits (B, T, V) and, with
-        ``use_cache`` (or a ``cache`` given), the cache extended by these positions."""
+        """input_ids, attention_mask: (B, T). Returns logits (B, T, V) (with
+        ``last_only``, (B, 1, V) of the last position: what generation reads,
+        without a (B, T, V) tensor for a long prompt) and, with ``use_cache`` (or
+        a ``cache`` given), the cache extended by these positions."""
         h, lp, new_cache = self.model(input_ids, attention_mask, cache)
-        logits = self.lm_head(h)
+        logits = self.lm_head(h[:, -1:] if last_only else h)
         keep = use_cache or cache is not None
         return CausalLMOutput(logits, lp, new_cache if keep else None)
 
@@ -392,7 +398,7 @@ class LlamaForCausalLM(nn.Module):
             else torch.ones_like(input_ids, dtype=torch.long)
         )
         ids = input_ids
-        out = self(ids, mask, use_cache=use_cache)
+        out = self(ids, mask, use_cache=use_cache, last_only=True)
         finished = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
         new: list[Tensor] = []
         ones = mask.new_ones(b, 1)
@@ -408,7 +414,7 @@ class LlamaForCausalLM(nn.Module):
                 out = self(nxt.unsqueeze(1), ones, cache=out.cache)
             else:
                 ids, mask = torch.cat((ids, nxt.unsqueeze(1)), 1), torch.cat((mask, ones), 1)
-                out = self(ids, mask)
+                out = self(ids, mask, last_only=True)
         if not new:
             return input_ids.new_zeros(b, 0)
         return torch.stack(new, dim=1)

@@ -391,7 +391,12 @@ class BFTLlamaDecoderLayer(nn.Module):
         The new value waits in ``_pending_sill`` until :meth:`flush_sill` (the
         model calls it at the start of each forward), so that a layer
         recomputed for gradient checkpointing sees the sill its forward saw.
+        The recompute itself skips the update (the pending value is already
+        this batch's): under DDP it would otherwise run one more all-reduce per
+        layer inside the backward.
         """
+        if self._pending_sill is not None:
+            return
         momentum = 1.0 if self.calibrate_sill else self.sill_momentum
         new = self.sill.clone()
         BF.update_running_sill_(new, values, valid, momentum)

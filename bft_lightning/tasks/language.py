@@ -53,7 +53,9 @@ def token_loss(logits: Tensor, labels: Tensor, kind: str = "ce", gamma: float = 
     if kind == "ce":
         return -logp_y.mean()
     if kind == "focal":
-        return -((1.0 - logp_y.exp()).clamp_min(0.0).pow(gamma) * logp_y).mean()
+        # 1 - p floored at 2^-24: with gamma < 1 the derivative of (1 - p)^gamma is
+        # infinite at p = 1 (a confident token), which made the gradient NaN
+        return -((1.0 - logp_y.exp()).clamp_min(2.0**-24).pow(gamma) * logp_y).mean()
     raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
 
 
@@ -117,10 +119,18 @@ class LanguageSFT(L.LightningModule):
             config = LlamaConfig(**config)
         if isinstance(bft, dict):
             bft = BFTOptions(**bft)
-        if checkpoint_dir is not None and (config is None or Path(checkpoint_dir).is_dir()):
+        loaded = checkpoint_dir is not None and (config is None or Path(checkpoint_dir).is_dir())
+        if loaded:
+            assert checkpoint_dir is not None
             self.model = LlamaForCausalLM.from_pretrained(checkpoint_dir, bft)
         else:  # from scratch, or reloading a Lightning checkpoint whose source dir is gone
             assert config is not None
+            if checkpoint_dir is not None:
+                rank_zero_warn(
+                    f"LanguageSFT: checkpoint_dir {checkpoint_dir!r} does not exist; the model "
+                    "is built from `config` with fresh weights (right when a Lightning "
+                    "checkpoint is loaded next, wrong for a fine-tuning run: check the path)"
+                )
             self.model = LlamaForCausalLM(config, bft or BFTOptions())
         # plain dicts in hparams (a Lightning checkpoint then loads with weights_only=True);
         # the architecture is kept even for a loaded model, so a checkpoint rebuilds without it
@@ -133,7 +143,7 @@ class LanguageSFT(L.LightningModule):
         self.warmup_steps, self.cosine = warmup_steps, cosine
         self.max_new_tokens, self.generate, self.calibrate = max_new_tokens, generate, calibrate
         self.target_gain, self.export_dir = target_gain, export_dir
-        self.pretrained = checkpoint_dir is not None
+        self.pretrained = loaded  # a model built from config is never calibrated as pretrained
         # a BFT export's filter state was trained (or calibrated) already
         self.register_buffer("calibrated", torch.tensor(self.model.bft_state_loaded))
         self.val_qa, self.test_qa = QAScore(), QAScore()

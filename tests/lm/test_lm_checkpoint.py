@@ -283,6 +283,11 @@ def test_unsupported_rope_scaling_is_refused(hf_checkpoint: Path) -> None:
     cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
     with pytest.raises(NotImplementedError, match="llama3"):
         LlamaConfig.from_hf(cfg)
+    # a default rope_parameters next to a scaled rope_scaling (transformers applies the latter)
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4}
+    cfg["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    with pytest.raises(NotImplementedError, match=r"'linear' \(rope_scaling\)"):
+        LlamaConfig.from_hf(cfg)
 
 
 def test_transformers_4_config_layout() -> None:

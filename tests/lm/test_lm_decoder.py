@@ -335,17 +335,27 @@ def test_gain_scales_the_attention_branch() -> None:
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+def test_gradient_checkpointing_gives_the_same_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same gradients and sill; the recomputed layers do not update the sill again (under
+    DDP each update is an all-reduce, which would then run inside the backward)."""
     x = ids(2, 9)
-    grads = []
+    grads, sills, calls = [], [], []
+    real = BF.update_running_sill_
+    monkeypatch.setattr(BF, "update_running_sill_", lambda *a: calls.append(1) or real(*a))
     for ckpt in (False, True):
+        calls.clear()
         model = tiny("on").train()
         model.model.gradient_checkpointing = ckpt
         F.cross_entropy(model(x).logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1)).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        assert len(calls) == len(model.model.decoder_layers)  # once per layer, not twice
+        for layer in model.model.decoder_layers:
+            layer.flush_sill()
+        sills.append(torch.stack([layer.sill for layer in model.model.decoder_layers]))
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(sills[0], sills[1])
 
 
 @pytest.mark.parametrize("gate", [None, "sigmoid"])

@@ -30,6 +30,19 @@ def test_focal_loss_formula_and_reduction_to_ce() -> None:
     assert token_loss(logits, labels, "focal", 2.0) < ce
     with pytest.raises(ValueError):
         token_loss(logits, labels, "mse")
+    # gamma < 1 with a token predicted with certainty: (1 - p)^gamma's derivative is
+    # infinite at p = 1, which gave NaN gradients
+    sure = torch.zeros(1, 2, 11)
+    sure[0, :, 3] = 200.0
+    sure.requires_grad_(True)
+    token_loss(sure, torch.tensor([[3, 3]]), "focal", gamma=0.5).backward()
+    assert sure.grad is not None and torch.isfinite(sure.grad).all()
+
+
+def test_a_missing_checkpoint_dir_is_not_silent() -> None:
+    with pytest.warns(UserWarning, match="checkpoint_dir '/no/such/dir' does not exist"):
+        task = LanguageSFT(TINY_CFG, checkpoint_dir="/no/such/dir", bft=BFTOptions(precision="on"))
+    assert not task.pretrained  # fresh weights are not calibrated as a pretrained model
 
 
 def _trainer(tmp_path: Path, steps: int, **kw: object) -> L.Trainer:
