@@ -69,14 +69,14 @@ def test_resumable_loader_continues_where_the_state_says():
     first.sampler.set_epoch(2)  # type: ignore[attr-defined]
     it = iter(first)
     seen = [next(it).tolist() for _ in range(3)]
-    assert seen == full[:3] and first.state_dict() == {"batches": 3}
+    assert seen == full[:3] and first.state_dict() == {"batches": 3, "epoch": 2}
 
     second = loader()  # a new process: same sampler seed, state from the checkpoint
     second.load_state_dict(first.state_dict())
     second.sampler.set_epoch(2)  # type: ignore[attr-defined]  (after load, as Lightning does)
     it = iter(second)
     seen += [next(it).tolist() for _ in range(2)]
-    assert second.state_dict() == {"batches": 5}  # counts from the epoch start, not the resume
+    assert second.state_dict() == {"batches": 5, "epoch": 2}  # from the epoch start
 
     third = loader()  # a second interruption in the same epoch
     third.load_state_dict(second.state_dict())
@@ -88,6 +88,22 @@ def test_state_of_a_finished_epoch_skips_nothing():
     dl = loader()
     dl.load_state_dict({"batches": len(dl)})  # saved on the epoch's last batch
     assert epoch_batches(dl, 1) == epoch_batches(loader(), 1)
+
+
+def test_an_epoch_cut_short_by_a_limit_is_finished_too():
+    """limit_train_batches=3 of 13: a checkpoint after the epoch's third batch is at
+    the epoch's end; the next epoch (a new sampler epoch) starts at its first batch."""
+    first = loader()
+    first.sampler.set_epoch(0)  # type: ignore[attr-defined]
+    it = iter(first)
+    for _ in range(3):  # Lightning stops taking batches at the limit
+        next(it)
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())  # {"batches": 3, "epoch": 0}
+    assert epoch_batches(resumed, 1) == epoch_batches(loader(), 1)
+    mid = loader()  # the same state in its own epoch still skips the three
+    mid.load_state_dict(first.state_dict())
+    assert epoch_batches(mid, 0) == epoch_batches(loader(), 0)[3:]
 
 
 # ----------------------------------------------------------------------------- in-process resume

@@ -134,12 +134,15 @@ def read_stats(layers: Layers) -> list[FilterStats | None]:
 
 
 def _eval_sampler(trainer: Trainer, stage: str, dataloader_idx: int) -> object | None:
-    """The sampler of the running evaluation's dataloader ``dataloader_idx``, or None."""
+    """The sampler of the running evaluation's dataloader ``dataloader_idx`` when that
+    loader batches single samples (one sample, one row), else None."""
     loaders = trainer.val_dataloaders if stage == "validate" else trainer.test_dataloaders
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())
     if isinstance(loaders, (list, tuple)):
         loaders = loaders[dataloader_idx] if dataloader_idx < len(loaders) else None
+    if getattr(loaders, "batch_size", None) is None:  # its items may be whole batches
+        return None
     batch_sampler = getattr(loaders, "batch_sampler", None)
     sampler = getattr(batch_sampler, "sampler", None)
     return sampler if sampler is not None else getattr(loaders, "sampler", None)
@@ -153,8 +156,9 @@ def real_rows(trainer: Trainer, stage: str, dataloader_idx: int = 0) -> int | No
     its first samples until every rank has as many (``DistributedSampler`` and
     Lightning's ``DistributedSamplerWrapper``, ``drop_last=False``): position
     ``r + j W`` is a repeat when it is past the dataset's length. Returns None
-    when nothing is repeated or the sampler is another one (whose layout is
-    unknown: its rows all count).
+    when nothing is repeated, the sampler is another one (whose layout is
+    unknown), or the loader has no ``batch_size`` (its items may be whole
+    batches, not rows): then every row counts.
     """
     sampler = _eval_sampler(trainer, stage, dataloader_idx)
     if type(sampler) not in (DistributedSampler, DistributedSamplerWrapper):

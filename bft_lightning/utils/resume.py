@@ -33,8 +33,11 @@ class ResumableDataLoader(DataLoader):
     resumes mid-epoch, calls ``load_state_dict`` before iterating: the next pass
     then skips the first ``k`` batches of the (re-created, identical) epoch
     order, and its count continues from ``k``, so a second interruption in the
-    same epoch resumes correctly too. ``k >= len(self)`` (a checkpoint saved on
-    the epoch's last batch) skips nothing: the next pass is a new epoch.
+    same epoch resumes correctly too. A checkpoint saved on an epoch's last
+    batch skips nothing: the next pass is a new epoch. That is told by the
+    sampler's epoch (``set_epoch``), stored with the count, so it holds when an
+    epoch ends before the loader does (``limit_train_batches``); for a sampler
+    without one, by ``k >= len(self)``.
 
     Skipped batches are loaded and dropped (cheap for in-memory datasets), so
     the sampler must give the same order again: seed it by epoch and let
@@ -46,6 +49,8 @@ class ResumableDataLoader(DataLoader):
         super().__init__(*args, **kwargs)
         self._batches = 0
         self._skip = 0
+        self._epoch: int | None = None  # the sampler's epoch of the current pass
+        self._skip_epoch: int | None = None  # ... and of the pass a checkpoint stopped in
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return self._resumed()
@@ -54,8 +59,11 @@ class ResumableDataLoader(DataLoader):
         # a generator: nothing runs until the first batch is asked for, i.e. after
         # Lightning's set_epoch for this epoch
         skip, self._skip = self._skip, 0
-        if skip >= len(self):
-            skip = 0
+        epoch = getattr(self.sampler, "epoch", None)  # pinned by set_epoch before this pass
+        self._epoch = epoch if isinstance(epoch, int) else None
+        saved, self._skip_epoch = self._skip_epoch, None
+        if skip >= len(self) or (saved is not None and saved != self._epoch):
+            skip = 0  # the checkpoint's pass was a finished epoch: this one is new
         self._batches = 0
         iterator = super().__iter__()
         for _ in range(skip):
@@ -66,13 +74,18 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        """Batches of the current epoch handed out so far."""
-        return {"batches": self._batches}
+        """Batches of the current epoch handed out so far (and the sampler's epoch)."""
+        state = {"batches": self._batches}
+        if self._epoch is not None:
+            state["epoch"] = self._epoch
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Skip ``state["batches"]`` batches at the start of the next pass."""
         self._skip = int(state.get("batches", 0))
         self._batches = self._skip
+        epoch = state.get("epoch")
+        self._skip_epoch = None if epoch is None else int(epoch)
 
 
 class StepSeed(Callback):

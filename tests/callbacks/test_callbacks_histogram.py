@@ -29,6 +29,20 @@ def test_counts_and_moments_match_the_samples():
     assert (h.num, h.nonfinite, h.max) == (5, 6, 1.0) and h.min == pytest.approx(0.05)
 
 
+def test_values_on_bin_edges_count_as_numpy_counts_them():
+    """Interior edges open a bin (numpy's rule, the last bin closed) against the float64
+    edges: torch.histc, in float32, put some edge values one bin off."""
+    import numpy as np
+
+    bins = Bins(-10.0, 10.0, 41)
+    edges = bins.edges()
+    x = torch.cat([edges, torch.linspace(-9.99, 9.99, 997, dtype=torch.float64)])
+    got = histogram_row(x.float(), bins)[: bins.n]
+    # the float32 copy of a value can cross an edge: compare with numpy on those copies
+    expected, _ = np.histogram(x.float().double().numpy(), edges.numpy())
+    assert got.tolist() == expected.tolist()
+
+
 def test_out_of_range_values_land_in_the_edge_bins_and_extremes_stay_true():
     bins = Bins(0.0, 1.0, 4)
     x = torch.tensor([-3.0, 0.5, 7.0])

@@ -72,3 +72,27 @@ def test_a_users_own_recording_survives_the_callbacks():
     first, second = layers[0][1], layers[1][1]
     assert first.record and not first.record_attention and first.last_stats is not None
     assert not second.record and second.last_stats is None
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("n", [5, 6, 7])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_real_rows_match_distributed_sampler_padding(world, n, shuffle):
+    """The rows a rank holds that are not repeats, as DistributedSampler lays them out;
+    a loader of whole-batch items (no batch_size) is left alone."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from bft_lightning.callbacks.recording import real_rows
+
+    for rank in range(world):
+        sampler = DistributedSampler(list(range(n)), world, rank, shuffle=shuffle)
+        served = len(list(iter(sampler)))
+        first_positions = range(rank, sampler.total_size, world)
+        unique = sum(p < n for p in first_positions)
+        rows = DataLoader(list(range(n)), batch_size=2, sampler=sampler)
+        got = real_rows(SimpleNamespace(val_dataloaders=rows), "validate")  # type: ignore[arg-type]
+        assert (served if got is None else got) == unique
+        items = DataLoader(list(range(n)), batch_size=None, sampler=sampler)
+        assert real_rows(SimpleNamespace(val_dataloaders=items), "validate") is None  # type: ignore[arg-type]
