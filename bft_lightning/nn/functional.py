@@ -276,7 +276,9 @@ def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: 
 def kalman_gain(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:
     """``K = lambda_obs / (lambda + lambda_obs) = sigmoid(log lambda_obs - log lambda)``.
 
-    In [0, 1); exactly 0 where a query has no valid key (``has_obs`` False).
+    In [0, 1) in exact arithmetic (1.0 in float32 once ``log lambda_obs - log lambda``
+    exceeds ~17, which the clamps allow); exactly 0 where a query has no valid key
+    (``has_obs`` False).
     Shapes (B, T, G); has_obs (B, T).
     """
     k = torch.sigmoid(log_prec_obs - log_prec)

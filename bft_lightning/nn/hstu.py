@@ -270,7 +270,7 @@ class HSTULayer(nn.Module):
         hv = self.nhead * self.dv
         pre, u, v, q, k, rab = self._project(h, timestamps)
         if log_prec is None:
-            log_prec = default_log_precision(h, self.groups)
+            log_prec = default_log_precision(h, self.groups, self.norm1.eps)
         lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
         has_key = BF.mask_weights(allowed, torch.float32).sum(dim=-1).squeeze(1) > 0  # (B, T)
         with torch.autocast(h.device.type, enabled=False):  # the filter runs in float32

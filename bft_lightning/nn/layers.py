@@ -54,14 +54,17 @@ def _check_groups(d_model: int, nhead: int, groups: int | None) -> int:
     return g
 
 
-def default_log_precision(h: Tensor, groups: int) -> Tensor:
-    """Precision uniform in Norm1 units: ``lambda_t = 1 / Var(h_t)`` (B, T, G).
+def default_log_precision(h: Tensor, groups: int, eps: float) -> Tensor:
+    """Precision uniform in Norm1 units: ``lambda_t = 1 / (Var(h_t) + eps)`` (B, T, G).
 
     Used when a caller passes no precision. Per token, so it is causal and
-    padding-invariant; by the delta rule it gives plain softmax attention.
+    padding-invariant; by the delta rule it gives plain softmax attention,
+    exactly when ``eps`` is Norm1's own (the norm divides by
+    ``sqrt(Var + eps)``: with ``eps = 0`` instead, small-variance inputs drifted
+    from softmax, ~2e-2 at embedding scale, and a constant token, e.g. a zeroed
+    padding row, got NaN gradients through ``sqrt(0)``).
     """
-    log_sigma = BF.norm_sigma(h, 0.0).clamp_min(1e-6).log()
-    return (-2.0 * log_sigma).unsqueeze(-1).expand(*h.shape[:2], groups)
+    return (-2.0 * BF.norm_sigma(h, eps).log()).unsqueeze(-1).expand(*h.shape[:2], groups)
 
 
 class BFTEncoderLayer(nn.Module):
@@ -248,7 +251,7 @@ class BFTEncoderLayer(nn.Module):
         attn_mask: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         if log_prec is None:
-            log_prec = default_log_precision(h, self.groups)
+            log_prec = default_log_precision(h, self.groups, self.norm1.eps)
         lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
         attn = self.self_attn
         # The precision path runs in float32 also under autocast: lambda spans

@@ -119,6 +119,25 @@ def test_uniform_precision_in_norm1_units_gives_softmax_attention() -> None:
     assert ((k > 0) & (k < 1)).all()
 
 
+def test_no_precision_given_is_exactly_softmax_with_finite_gradients() -> None:
+    """The default precision (none passed) is uniform in Norm1 units with Norm1's own
+    eps: plain softmax also for embedding-scale inputs, and a constant token (a zeroed
+    padding row) gets finite gradients."""
+    off = bft_layer(precision="off").eval()
+    on = bft_layer(precision="on").eval()
+    on.load_state_dict(off.state_dict(), strict=False)
+    x = (torch.randn(2, 7, D) * 0.02).requires_grad_(True)  # embedding-sized tokens
+    with torch.no_grad():
+        x[0, :2] = 0.0  # constant rows
+    set_recording(off, True, attention=True)
+    set_recording(on, True, attention=True)
+    off(x, is_causal=True)
+    out, lp = on(x, is_causal=True)
+    torch.testing.assert_close(on.last_stats.attention, off.last_stats.attention)
+    (out.square().sum() + lp.sum()).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 def test_uniform_precision_gives_softmax_plus_log_sigma_bias() -> None:
     on = bft_layer(precision="on").eval()
     x = torch.randn(1, 6, D) * torch.linspace(0.5, 3, 6).view(1, 6, 1)
