@@ -104,17 +104,24 @@ def test_settings_are_compared_on_the_seeds_all_of_them_logged(tmp_path):
     assert all(r["val_seeds"] == [1, 2] for r in result["settings"] if r["twin"] == "off")
 
 
-def test_reproduce_summary_has_same_seed_differences_overall_and_on_the_rarest(tmp_path):
-    """reproduce_rec.summarise: per-seed ΔHR@10 overall and on Q0 equal direct counts."""
-    import argparse
+def _reproduce_rec():  # type: ignore[no-untyped-def]
+    """bench/reproduce_rec.py as a module (the bench folder is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "reproduce_rec", Path(__file__).parents[2] / "bench" / "reproduce_rec.py"
     )
     assert spec is not None and spec.loader is not None
-    rr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rr)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reproduce_summary_has_same_seed_differences_overall_and_on_the_rarest(tmp_path):
+    """reproduce_rec.summarise: per-seed ΔHR@10 overall and on Q0 equal direct counts."""
+    import argparse
+
+    rr = _reproduce_rec()
     rng = np.random.default_rng(1)
     ranks = {}
     for variant in ("off", "on_frequency"):
@@ -179,14 +186,8 @@ def test_reproduce_summary_refuses_runs_of_other_test_users(tmp_path):
     """A run whose ranks.npy covers other test users (e.g. one process's share of a DDP
     run) is refused by name: the paired differences would compare other users."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "reproduce_rec", Path(__file__).parents[2] / "bench" / "reproduce_rec.py"
-    )
-    assert spec is not None and spec.loader is not None
-    rr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rr)
+    rr = _reproduce_rec()
     rng = np.random.default_rng(3)
     half = rng.integers(0, 30, USERS)
     half[1::2] = -1  # every second user missing
