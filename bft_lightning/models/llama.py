@@ -117,8 +117,8 @@ class LlamaConfig:
             raise ValueError(f"only SwiGLU (hidden_act='silu') is supported, got {act!r}")
         # transformers 5 writes rope_parameters, 4.x rope_scaling; either may carry a type
         for key in ("rope_parameters", "rope_scaling"):
-            rope_type = (config.get(key) or {}).get("rope_type", None)
-            rope_type = rope_type or (config.get(key) or {}).get("type", "default")
+            part = config.get(key) or {}
+            rope_type = part.get("rope_type") or part.get("type") or "default"
             if rope_type != "default":
                 raise NotImplementedError(
                     f"RoPE type {rope_type!r} ({key}) is not supported (only the default RoPE)"
