@@ -141,13 +141,3 @@ def paused_recording(model: nn.Module) -> Iterator[None]:
     finally:
         for layer, (record, attention) in zip(layers, flags, strict=True):
             layer.record, layer.record_attention = record, attention
-
-
-@torch.no_grad()
-def mean_gain_per_sequence(stats: FilterStats, position: int | None = -1) -> Tensor:
-    """Mean K over groups at one position (default the last), per sequence: (B,)."""
-    gain = stats.gain.mean(dim=-1)  # (B, T)
-    if position is None:
-        v = stats.valid.float()
-        return (gain * v).sum(1) / v.sum(1).clamp_min(1)
-    return gain[:, position]
