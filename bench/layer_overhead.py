@@ -4,10 +4,11 @@ For each shape, builds one layer with ``precision`` off and on (same
 weights): the recommenders' ``BFTEncoderLayer`` (``--arch encoder``, dropout
 0.1) or the LM's ``BFTLlamaDecoderLayer`` (``--arch llama``: GQA with H / 4
 KV heads, SwiGLU, RoPE, no dropout), times forward + backward in interleaved
-repetitions (off, on, off, on, ...) and reports medians and the on/off ratios. Peak memory is
-``torch.cuda.max_memory_allocated`` on CUDA and the peak otherwise
-(PyTorch keeps no CPU allocator statistics) the bytes of activations saved for
-backward, which set a training step's memory.
+repetitions (off, on, off, on, ...) and reports medians and the on/off ratios. Memory is
+the peak on CUDA (``torch.cuda.max_memory_allocated``) and on a CPU, where
+PyTorch keeps no allocator statistics, the bytes of activations saved for
+backward (what a step holds between forward and backward; not its transient
+peak).
 
     OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py            # the default shapes
     OMP_WAIT_POLICY=PASSIVE python bench/layer_overhead.py --off-impl reference

@@ -32,12 +32,14 @@ import numpy as np
 import torch
 
 from bft_lightning.cli import main as cli_main
+from bft_lightning.metrics.report import write_text_atomic
 from bft_lightning.metrics.strata import (
     assign_item_stratum,
     assign_user_bucket,
     history_buckets,
     popularity_quartiles,
 )
+from bft_lightning.utils import EpochTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND_ENV = "BFT_REPRODUCE_COMMAND"  # the parent's command, for the children of --jobs
@@ -82,29 +84,19 @@ VARIANTS = {
 }
 
 
-class EpochTimer(L.Callback):
-    """Wall-clock seconds of each training epoch (validation excluded)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t: float | None = None
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
-        self._t = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
-        # a run resumed from a checkpoint written at an epoch's end enters here without
-        # that epoch's start: nothing to time
-        if self._t is not None:
-            self.times.append(time.perf_counter() - self._t)
-        self._t = None
-
-
 def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dict | None:
     """Train + test one (variant, seed); cache per-user ranks and a summary."""
     done = out / "summary.json"
+    settings = _settings(args)
     if done.exists():
-        return json.loads(done.read_text())
+        summary = json.loads(done.read_text())
+        saved = summary.get("settings")  # absent in runs made before it was recorded
+        if saved is not None and saved != settings:
+            raise SystemExit(
+                f"{out} holds a finished run with other settings ({saved}) than this "
+                f"command's ({settings}): use another --tag or --runs folder, or delete it"
+            )
+        return summary
     lock = out / "running"
     if lock.exists() and _alive(int(lock.read_text())):
         print(f"{out} is being trained by process {lock.read_text()}; skipped", flush=True)
@@ -141,7 +133,7 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
         last = ckpts / "last.ckpt"
         resume = str(last) if last.exists() else None
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resume)
-        fit_done.write_text(json.dumps({"epochs": cli.trainer.current_epoch}))
+        write_text_atomic(fit_done, json.dumps({"epochs": cli.trainer.current_epoch}))
     best = str(ckpts / "best.ckpt")
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
     metric = cli.model.test_metric
@@ -154,11 +146,21 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
         "sec_per_epoch": float(np.median(timer.times)) if timer.times else None,
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
         "command": args.command, "hardware": _hardware(cli.trainer), "jobs": args.jobs,
+        "settings": settings,
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
-    done.write_text(json.dumps(summary, indent=1))  # last: marks the run finished
+    write_text_atomic(done, json.dumps(summary, indent=1))  # last: marks the run finished
     lock.unlink(missing_ok=True)
     return summary
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """What a run's result depends on beyond its variant, seed and folder (a finished
+    run is reused only by a command with the same settings)."""
+    return {
+        "max_epochs": args.max_epochs, "override": list(args.override),
+        "loss_normalization": args.loss_normalization, "accelerator": args.accelerator,
+    }  # fmt: skip
 
 
 def _hardware(trainer: L.Trainer) -> str:
@@ -462,7 +464,7 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
                 f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} | "
                 f"{se} | {rare} | {rare_se} |"
             )
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -667,7 +669,7 @@ def report(args: argparse.Namespace, runs: dict) -> None:
     res.mkdir(parents=True, exist_ok=True)
     stem = res / _stem(args)
     write_markdown(args, rows, stem.with_suffix(".md"))
-    stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    write_text_atomic(stem.with_suffix(".json"), json.dumps(rows, indent=1))
     plot(rows, stem.with_suffix(".png"), stem.name.replace("_", " "))
     write_summary(res)
 
@@ -687,9 +689,7 @@ def write_summary(res: Path) -> None:
             continue
         for row in json.loads(table.read_text()):
             rows.append({k: row[k] for k in SUMMARY_KEYS if k in row})
-    tmp = res / "summary.json.tmp"
-    tmp.write_text(json.dumps(rows, indent=1))
-    tmp.replace(res / "summary.json")
+    write_text_atomic(res / "summary.json", json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ the Amazon Beauty experiment from ``configs/experiments/<backbone>_<p>_beauty.ya
     OMP_WAIT_POLICY=PASSIVE python bench/train_throughput.py                    # all six
     OMP_WAIT_POLICY=PASSIVE python bench/train_throughput.py --backbones sasrec --compile
 
-Writes ``results/perf/train_throughput.md``. Not a test: numbers depend on the
-machine and its load; the on/off ratios come from one run.
+Writes ``results/perf/train_throughput.md`` (the whole file: tables kept from
+earlier runs there must be copied back by hand). Not a test: numbers depend
+on the machine and its load; the on/off ratios come from one invocation,
+each twin's fastest of its ``--repeats`` passes (not necessarily the same
+pass for both).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from bft_lightning.cli import main as cli_main
+from bft_lightning.utils import EpochTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECBOLE_VERSION = "1.2.1"
@@ -296,27 +297,6 @@ class ValidationRecord(L.Callback):
         # after the module's epoch-end hook, which computes and logs the metric
         if not trainer.sanity_checking and "val/ndcg@10" in trainer.callback_metrics:
             self.scores.append(float(trainer.callback_metrics["val/ndcg@10"]))
-
-
-class EpochTimer(L.Callback):
-    """Wall-clock seconds of each training epoch, validation excluded (Lightning runs an
-    epoch's validation before the epoch's end hook)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._start = self._val_start = self._val = 0.0
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start, self._val = time.perf_counter(), 0.0
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val += time.perf_counter() - self._val_start
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.times.append(time.perf_counter() - self._start - self._val)
 
 
 def run_ours(cli: Any, converge: bool) -> dict[str, Any]:

@@ -54,6 +54,12 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         raise
 
 
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file: a reader never sees
+    a half-written file, and an interrupted write leaves the old one."""
+    _atomic_write(Path(path), lambda f: f.write(text.encode("utf-8")))
+
+
 def _json_safe(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
 

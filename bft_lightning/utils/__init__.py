@@ -8,6 +8,7 @@
 - ``StepSeed``: a callback that reseeds torch before every training batch from
   ``(seed, epoch, batch, rank)``, so dropout and sampled negatives do not
   depend on what ran before (a resumed run draws the same numbers).
+- ``EpochTimer``: seconds per training epoch, the epoch's validation left out.
 """
 
 from bft_lightning.utils.checkpoint_io import (
@@ -17,10 +18,12 @@ from bft_lightning.utils.checkpoint_io import (
     safe_load_checkpoint,
 )
 from bft_lightning.utils.resume import ResumableDataLoader, StepSeed
+from bft_lightning.utils.timing import EpochTimer
 
 __all__ = [
     "AtomicCheckpointIO",
     "CheckpointLoadError",
+    "EpochTimer",
     "ResumableDataLoader",
     "StepSeed",
     "atomic_torch_save",
