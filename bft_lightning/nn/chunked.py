@@ -12,7 +12,7 @@ same values and gradients as the reference while holding only one
   in the product's accumulator); one product with
   ``[v, ||v||^2 / d_h]`` gives the estimate and the second moment;
   ``sum_j p^2`` is a row reduction of the block (the exact value; the
-  log-sum-exp identity of spec section 1, ``exp(LSE(2s) - 2 LSE(s))``, is
+  log-sum-exp identity of ``docs/spec.md`` (Observe), ``exp(LSE(2s) - 2 LSE(s))``, is
   only needed where a kernel hides ``p``). Only the inputs and the
   (B, H, T, d_h + 1) outputs are saved.
 - key spans: with several blocks, each block of queries reads only the keys

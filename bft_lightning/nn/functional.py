@@ -1,6 +1,6 @@
 """The filter math of the Bayesian Filtering Transformer as pure functions.
 
-Symbols follow ``BFT_SPEC.md``. Shapes: ``B`` batch, ``T`` positions, ``H``
+Symbols follow ``docs/spec.md``. Shapes: ``B`` batch, ``T`` positions, ``H``
 heads, ``G`` residual groups (``d / G`` channels each), ``F`` FFN width.
 
 Precision is carried as ``log lambda`` in float32. Padding is precision 0
@@ -180,8 +180,8 @@ def observation_log_precision(
     of ``n_eff`` effective samples); to residual groups through W_O by the delta
     rule ``s2_z[t, g] = sum_a P_O[g, a] / lambda_obs[t, a]``.
     Rows without a valid key are finite here and must be masked by ``has_key``.
-    Clamped to [LOG_PREC_MIN, LOG_PREC_MAX] like every log precision (spec:
-    shapes), as the HSTU layer's is.
+    Clamped to [LOG_PREC_MIN, LOG_PREC_MAX] like every log precision
+    (``docs/spec.md``, Conventions), as the HSTU layer's is.
 
     sigma2, n_eff: (B, H, T); has_key: (B, T); p_o: (G, H). Returns (B, T, G).
     """

@@ -17,7 +17,7 @@ reference buckets ``ts_{t+1} - ts_j`` (the query's next action); we use the
 query's own time, so the target's timestamp is never an input. The position
 term is always on (the reference adds ``rab`` only when it has timestamps).
 
-BFT (``precision="on"``, ``BFT_SPEC.md`` section 5):
+BFT (``precision="on"``, ``docs/spec.md``, Blocks: HSTU):
 
 1. observe: the prior variance of V per head goes through LN (``1 / sigma1^2``),
    f1 (delta rule, one row per channel) and SiLU (``SiLU'(a)^2`` per channel),
