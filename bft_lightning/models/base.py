@@ -63,8 +63,8 @@ class SequentialRecommender(nn.Module):
         positions: ``"from_end"`` (default: position = distance from the row's last
             slot, as in SASRec's left-padded window) or ``"from_start"`` (index from
             the row's first item, as RecBole's per-prefix rows: a prefix's last state
-            is the same inside a longer row and alone). On Amazon Beauty (SASRec
-            off, seed 0) the two peaked at validation NDCG@10 0.0470 and 0.0472.
+            is the same inside a longer row and alone). On Amazon Beauty the two
+            peaked at about the same validation NDCG@10 (``results/perf/notes.md``).
     """
 
     causal: ClassVar[bool] = True

@@ -242,7 +242,7 @@ class HSTULayer(nn.Module):
         """``w = SiLU(q.k + rab) / N`` on allowed entries, 0 elsewhere: (B, H, T, T).
 
         The mask multiplies as floats (:func:`BF.mask_weights`; a ``where`` with
-        the bool mask took ~10x as long on a CPU): the same values for finite scores."""
+        the bool mask is slower on a CPU): the same values for finite scores."""
         w = F.silu(q @ k.transpose(-1, -2) + rab.to(q.dtype)) / self.max_len
         return w * BF.mask_weights(allowed, w.dtype)
 
