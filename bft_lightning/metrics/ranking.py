@@ -497,8 +497,8 @@ def torch_topk_tiled(
     still could reach ``L`` (near-ties wider than the bound) is scored against
     all items in float32, a tile at a time. The default takes the screen from
     ``SCREEN_MIN_ITEMS`` items and ``SCREEN_ITEMS_PER_K`` per unit of k, where
-    it was measured to pay (``results/perf/notes.md``; below that the rescoring of 2k groups costs more
-    than the GEMM time it saves). Tests: the same sets as
+    it was measured to pay (``results/perf/notes.md``; below that the rescoring
+    of 2k groups costs more than the GEMM time it saves). Tests: the same sets as
     the float32 path and a float64 reference, crowded near-ties that take the
     fallback, the bound against every score of the tile products.
 
