@@ -130,8 +130,7 @@ class LengthBucketSampler(Sampler[int]):
         if not batches:
             return order
         # the one short batch (the end of the last pool) goes last: shuffled in, it would
-        # shift every later batch off the bucket boundaries (on Amazon Beauty, batch 256:
-        # 33 of 88 batches straddled two buckets, +21% padded positions)
+        # shift every later batch off the bucket boundaries (results/perf/notes.md)
         full = [x for x in batches if len(x) == self.global_batch]
         short = [x for x in batches if len(x) < self.global_batch]
         return np.concatenate([full[b] for b in rng.permutation(len(full))] + short)
@@ -202,8 +201,8 @@ class SequenceDataModule(L.LightningDataModule):
         download: fetch downloadable datasets (MovieLens-1M, Amazon 5-core) if missing.
         seed: seed of the training shuffle (epoch ``e`` uses ``seed + e``).
         bucket_by_length: batch training rows of similar length together (see
-            ``LengthBucketSampler``; about half the time per epoch on Amazon
-            Beauty); False gives a plain shuffle. Bucketed batches hold very
+            ``LengthBucketSampler``; less padding, so less time per epoch:
+            ``results/perf/notes.md``); False gives a plain shuffle. Bucketed batches hold very
             different numbers of targets, so the task must not average its loss
             per batch over targets (``SequentialRecommendation``'s
             ``loss_normalization="rows"``, its default). Either way the

@@ -50,7 +50,7 @@ and the candidates they choose rescored in float32 under a proven error bound,
 so the result is the float32 top-k) return the top-k item ids per user with
 padding excluded; ``ranks_from_topk`` turns them
 into ranks clipped at k, which give the same HR/NDCG@k' (k' <= k) as the full
-path on tie-free scores.
+path on tie-free scores. The timings behind these choices: ``results/perf/notes.md``.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def target_ranks(scores: Tensor, target: Tensor, exclude: Tensor | None = None) 
     t_score = scores.gather(1, t_idx)  # (B, 1)
     if exclude is None:
         # count in column blocks with an int32 sum: the (B, block) comparison stays
-        # in cache and no int64 copy of a (B, N) mask is made (3-4x faster than
-        # summing one bool matrix); then take out the padding column and the
+        # in cache and no int64 copy of a (B, N) mask is made (faster than summing
+        # one bool matrix: results/perf/notes.md); then take out the padding column and the
         # target itself (>= itself, as no score is NaN)
         n = scores.shape[1]
         count = torch.zeros(scores.shape[0], dtype=torch.int32, device=scores.device)
@@ -375,7 +375,7 @@ def _tile_layout(n: int, group: int, tile_columns: int) -> tuple[int, int]:
 @functools.cache
 def fast_bf16_matmul() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or
-    AMX), where a bfloat16 GEMM runs ~2.5-3x faster than a float32 one, and its
+    AMX), where a bfloat16 GEMM runs faster than a float32 one, and its
     bfloat16 products accumulate in float32 (:func:`bf16_matmul_accumulates_in_float32`)."""
     probes = [getattr(torch.cpu, name, None) for name in _BF16_PROBES]
     found = any(probe is not None and probe() for probe in probes)
@@ -402,9 +402,8 @@ _BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 _ROUND_BF16 = 2.0**-7 * 1.01
 SCREEN_EXTRA = 14  # groups beyond k rescored after a bfloat16 screen: max(this, k)
 # the screen by default from this many items, and at least this many per unit of k: its
-# rescoring of 2k groups costs more than the float32 GEMMs it saves below (d = 64, 2
-# threads, 8k users: 0.68x / 0.84x / 0.89x the float32 tiles' time at N = 100k, k = 10
-# / 20 / 50; 0.75x at 50k, k = 10 and 20, but 1.24x at 50k, k = 50, 1.62x at 12k, k = 10)
+# rescoring of 2k groups costs more than the float32 GEMMs it saves below (timings in
+# results/perf/notes.md)
 SCREEN_MIN_ITEMS = 32768
 SCREEN_ITEMS_PER_K = 2000
 SCREEN_SAMPLE = 256  # items scored exactly to centre each user's screened scores
@@ -458,9 +457,9 @@ def torch_topk_tiled(
 
     Same contract as :func:`faiss_topk`. A score matrix of ``chunk x N`` is
     written to and read back from main memory, and a fresh one per chunk
-    costs page faults besides: at 100k x 100k, d = 64 on two CPU cores, the
-    GEMMs into fresh chunks ran at ~55-80 GFLOP/s and the same GEMMs into one
-    reused cache-sized tile at ~270-300. So the scores are made a tile
+    costs page faults besides: GEMMs into fresh chunks ran at a fraction of
+    the rate of the same GEMMs into one reused cache-sized tile
+    (``results/perf/notes.md``). So the scores are made a tile
     (``tile_users x ~tile_columns``) at a time into one reused buffer, and each
     tile is reduced at once to group maxima: a tile's columns are cut into
     ``stride`` groups of ``group`` columns each, group ``r`` of tile ``t``
@@ -476,7 +475,7 @@ def torch_topk_tiled(
 
     **bfloat16 screen** (``screen``; by default on a CPU that multiplies
     bfloat16 in hardware, :func:`fast_bf16_matmul`, for float32 inputs): the
-    tiles are computed from bfloat16 copies of the vectors, ~2.5-3x faster,
+    tiles are computed from bfloat16 copies of the vectors, which is faster,
     and only choose the groups to rescore; the result is still that of the
     float32 path (``screen=False``), because the screen's error is bounded for each user and a user
     whose bound does not settle its top k is rescored in full. With
@@ -498,8 +497,8 @@ def torch_topk_tiled(
     still could reach ``L`` (near-ties wider than the bound) is scored against
     all items in float32, a tile at a time. The default takes the screen from
     ``SCREEN_MIN_ITEMS`` items and ``SCREEN_ITEMS_PER_K`` per unit of k, where
-    it was measured to pay (below that the rescoring of 2k groups costs more
-    than the GEMM time it saves). Tests: the same sets as
+    it was measured to pay (``results/perf/notes.md``; below that the rescoring
+    of 2k groups costs more than the GEMM time it saves). Tests: the same sets as
     the float32 path and a float64 reference, crowded near-ties that take the
     fallback, the bound against every score of the tile products.
 
@@ -538,7 +537,7 @@ def torch_topk_tiled(
     else:
         tile_items_t, picked = items_t, k
     buf = torch.empty(tile_users, width, dtype=tile_items_t.dtype, device=dev)
-    # screened: the bfloat16 tile's bits as int16, whose maximum is ~6x faster than a
+    # screened: the bfloat16 tile's bits as int16, whose maximum is faster than a
     # bfloat16 one and orders every group with a non-negative value right (_Screen)
     reduced = buf.view(torch.int16) if screened else buf
     maxima = torch.empty(tile_users, tiles, stride, dtype=reduced.dtype, device=dev)
@@ -561,7 +560,7 @@ def torch_topk_tiled(
             best = topk_rows(maxima[:c].view(c, groups), k)[1]  # (c, k) group ids
         per = max(1, RESCORE_ELEMENTS // (picked * group * d))  # users per gather
         # each user's row against its candidates: (1, d) @ (d, k group), a product the
-        # CPU BLAS runs ~7x faster than the same sums as (k group, d) @ (d, 1)
+        # CPU BLAS runs faster than the same sums as (k group, d) @ (d, 1)
         cand = torch.cat(
             [
                 torch.bmm(v.unsqueeze(1), by_group[b].flatten(1, 2).transpose(1, 2)).squeeze(1)
@@ -674,8 +673,8 @@ def topk_rows(scores: Tensor, k: int, group: int = TOPK_GROUP) -> tuple[Tensor, 
     the k groups with the largest maxima (a group outside them has k group maxima
     at or above its own max, so none of its elements can be in the top k, up to
     ties), so one ``amax`` pass, a top-k over the group maxima and a top-k over
-    ``k * group`` gathered candidates replace a top-k over all N columns: about
-    4x cheaper on a CPU for N = 100k, k = 10. The columns after the last whole
+    ``k * group`` gathered candidates replace a top-k over all N columns, which is
+    cheaper on a CPU (``results/perf/notes.md``). The columns after the last whole
     group are always candidates. Equal to ``topk`` except in which of equally
     scored columns is returned.
     """
@@ -708,7 +707,7 @@ def chunked_target_ranks(
 
     Equals ``target_ranks(user_vecs @ item_vecs.T, target)`` without holding U x N scores.
     Every chunk's GEMM writes into one reused buffer (a fresh ``chunk x N`` output per
-    chunk costs page faults that, on a CPU, slowed the product by about 2x). ``tiled``
+    chunk costs page faults that, on a CPU, slowed the product). ``tiled``
     (default: on a CPU) takes :func:`tiled_target_ranks`; ``chunk`` then does not apply.
     """
     if tiled is None:
@@ -784,7 +783,7 @@ def tiled_target_ranks(
 
     def count_into(tile: Tensor, j: int, t_score: Tensor, col: Tensor, counts: Tensor) -> None:
         # the tile becomes its own 0/1 indicator of "at or above the target" in place,
-        # and a float row sum counts it, ~6x cheaper than a comparison into a bool
+        # and a float row sum counts it, cheaper than a comparison into a bool
         # tensor with an integer sum; exact: a row holds at most 2^24 ones, summed
         # in float32 at least (half precision holds integers only to 256 or 2048)
         # counts: (2, c), the counts at or above the target and the target's own (0 / 1)

@@ -51,10 +51,10 @@ class SequentialRecommender(nn.Module):
             layer's ``Q`` is trained too).
         attention_impl: ``"chunked"`` (default: query blocks with a hand-written
             backward, no (T x T) weights kept; the off twin runs PyTorch's fused
-            attention) or ``"reference"`` (materialised weights, the spec's
+            attention) or ``"reference"`` (materialised weights, ``docs/spec.md``'s
             reference). Same values and gradients. HSTU has its own attention.
         attention_chunk: query block size of the chunked path.
-        gain: ``"group"`` (the spec: a Kalman gain per residual group after
+        gain: ``"group"`` (``docs/spec.md``: a Kalman gain per residual group after
             ``W_O``) or ``"head"`` (a gain per head before ``W_O``; see
             ``BFTEncoderLayer``). HSTU supports ``"group"`` only.
         key_precision: False attends without the keys' precision bias and
@@ -63,8 +63,8 @@ class SequentialRecommender(nn.Module):
         positions: ``"from_end"`` (default: position = distance from the row's last
             slot, as in SASRec's left-padded window) or ``"from_start"`` (index from
             the row's first item, as RecBole's per-prefix rows: a prefix's last state
-            is the same inside a longer row and alone). On Amazon Beauty (SASRec
-            off, seed 0) the two peaked at validation NDCG@10 0.0470 and 0.0472.
+            is the same inside a longer row and alone). On Amazon Beauty the two
+            peaked at about the same validation NDCG@10 (``results/perf/notes.md``).
     """
 
     causal: ClassVar[bool] = True

@@ -154,8 +154,8 @@ def attend(
     A call with no statistics and no bias takes PyTorch's fused kernel unless
     ``impl`` is ``"reference"``; ``"chunked"`` computes the statistics in query
     blocks; everything else, and any call that needs the weights, takes the
-    materialised reference. The statistics are computed in float32 (spec
-    section 1), also under autocast. q: (B, H, T, d_h); k, v: (B, H, S, d_h);
+    materialised reference. The statistics are computed in float32
+    (``docs/spec.md``, Observe), also under autocast. q: (B, H, T, d_h); k, v: (B, H, S, d_h);
     allowed: (B, 1, T, S); bias: (B, H, S) or None. Returns the output
     (B, H, T, d_h), the weights (B, H, T, S; exact only with ``need_weights``)
     or None, and the statistics or None.

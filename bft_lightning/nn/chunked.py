@@ -12,7 +12,7 @@ same values and gradients as the reference while holding only one
   in the product's accumulator); one product with
   ``[v, ||v||^2 / d_h]`` gives the estimate and the second moment;
   ``sum_j p^2`` is a row reduction of the block (the exact value; the
-  log-sum-exp identity of spec section 1, ``exp(LSE(2s) - 2 LSE(s))``, is
+  log-sum-exp identity of ``docs/spec.md`` (Observe), ``exp(LSE(2s) - 2 LSE(s))``, is
   only needed where a kernel hides ``p``). Only the inputs and the
   (B, H, T, d_h + 1) outputs are saved.
 - key spans: with several blocks, each block of queries reads only the keys
@@ -112,9 +112,9 @@ def _block(
     scores = scores.view(b, h, c, s)
     if scores.dtype in (torch.float32, torch.float64):
         # the mask as an additive 0 / -1e30 bias (mask_bias: on a CPU, PyTorch's bool
-        # kernels, masked_fill with a mask broadcast over heads and any, ran ~9x
-        # slower at (128, 2, 50, 50) and ~6x at (64, 2, 200, 200) than a cast, a row
-        # sum and an add); s - 1e30 rounds to -1e30 (MASKED, the reference's fill)
+        # kernels, masked_fill with a mask broadcast over heads and any, ran slower
+        # than a cast, a row sum and an add: results/perf/notes.md); s - 1e30 rounds
+        # to -1e30 (MASKED, the reference's fill)
         bias, has_key = mask_bias(block, scores.dtype)  # (B, 1, c, s), (B, 1, c, 1)
         scores.add_(bias)
     else:  # half types: -1e30 would overflow, the fill is the dtype's lowest
@@ -241,13 +241,12 @@ def _keep_bits(
 
     The mask is drawn twice (forward, and again in the backward, unless a
     one-block call kept it), so its cost counts double: each 64-bit draw gives four 16-bit
-    uniforms, four times fewer draws than ``torch.rand`` (measured ~4x faster on
-    a CPU). An element is kept when its 16-bit value is below
-    ``n = round(keep * 2^16)``, so the keep probability is ``n / 2^16`` (within
-    ``2^-17`` of ``1 - dropout_p``) and the kept weights are scaled by
+    uniforms, four times fewer draws than ``torch.rand``. An element is kept when
+    its 16-bit value is below ``n = round(keep * 2^16)``, so the keep probability
+    is ``n / 2^16`` (within ``2^-17`` of ``1 - dropout_p``) and the kept weights are scaled by
     ``2^16 / n``: the expectation of the multiplier is exactly 1. The comparison
-    writes floats directly: on a CPU a bool result and a product with it took
-    ~300 + ~500 us at (128, 2, 50, 50), the float result and product ~80 + ~90.
+    writes floats directly (a bool result and a product with it are slower on a
+    CPU). Timings: ``results/perf/notes.md``.
     """
     out = torch.empty_like(p) if out is None else out
     gen = torch.Generator(device=p.device)
@@ -498,7 +497,7 @@ def chunked_attention(
     ``keep_weights``: keep the weights (and, with dropout, the dropped weights
     ``p m``) of a call that is one block (T <= ``chunk_size``) for the backward
     instead of recomputing them: the reference path's memory (B, H, T, S) twice
-    with dropout, for about a third less time at T = 200 on a CPU. None
+    with dropout, for less time on a CPU (``results/perf/notes.md``). None
     (default) keeps them on a CPU, where PyTorch's SDPA with a mask and dropout
     (the off twin) materialises the same weights anyway, and recomputes on
     CUDA, where the off twin's fused kernels do not. Calls of several blocks

@@ -1,6 +1,6 @@
 """BFT Llama decoder layer: RMSNorm, RoPE, SwiGLU, grouped-query attention, causal, KV cache.
 
-One layer is one step of a Bayesian filter (``BFT_SPEC.md`` sections 1-3):
+One layer is one step of a Bayesian filter (``docs/spec.md``, Blocks: Decoder):
 
 1. observe:  ``x = RMSNorm1(h)``; kriging attention in which each key carries
    ``log lambda_bar`` (its value's precision, by the delta rule through

@@ -1,6 +1,6 @@
 """The filter math of the Bayesian Filtering Transformer as pure functions.
 
-Symbols follow ``BFT_SPEC.md``. Shapes: ``B`` batch, ``T`` positions, ``H``
+Symbols follow ``docs/spec.md``. Shapes: ``B`` batch, ``T`` positions, ``H``
 heads, ``G`` residual groups (``d / G`` channels each), ``F`` FFN width.
 
 Precision is carried as ``log lambda`` in float32. Padding is precision 0
@@ -93,11 +93,8 @@ def neighbour_log_precision(log_prec: Tensor, norm_sigma: Tensor, p_v: Tensor) -
 def mask_weights(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """A bool mask as 0 / 1 in ``dtype``, read as bytes.
 
-    PyTorch's CPU kernels for bool tensors are slow next to the float ones: a
-    bool-to-float cast of a (128, 1, 50, 50) mask took ~230 us, the same bytes
-    as uint8 ~30 us; a ``masked_fill`` / ``where`` / ``any`` with a bool mask
-    broadcast over heads costs ~1-2 ms at (128, 2, 50, 50), a float product,
-    add or row sum with the cast mask ~0.1 ms.
+    PyTorch's CPU kernels for bool tensors are slow next to the float ones
+    (casts, ``masked_fill``, ``where``, ``any``; timings in ``results/perf/notes.md``).
     """
     return allowed.view(torch.uint8).to(dtype)
 
@@ -180,8 +177,8 @@ def observation_log_precision(
     of ``n_eff`` effective samples); to residual groups through W_O by the delta
     rule ``s2_z[t, g] = sum_a P_O[g, a] / lambda_obs[t, a]``.
     Rows without a valid key are finite here and must be masked by ``has_key``.
-    Clamped to [LOG_PREC_MIN, LOG_PREC_MAX] like every log precision (spec:
-    shapes), as the HSTU layer's is.
+    Clamped to [LOG_PREC_MIN, LOG_PREC_MAX] like every log precision
+    (``docs/spec.md``, Conventions), as the HSTU layer's is.
 
     sigma2, n_eff: (B, H, T); has_key: (B, T); p_o: (G, H). Returns (B, T, G).
     """
@@ -347,9 +344,9 @@ class _GeluDerivative(torch.autograd.Function):
 
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-# e^x as 2^(x log2 e): PyTorch's CPU exp2 kernel runs ~2.8x faster than its exp
-# (~100 against ~280 us per 2^18 float32 elements on one AVX-512 thread), and
-# the extra rounding of x log2 e is of the order of the rounding x itself carries
+# e^x as 2^(x log2 e): PyTorch's CPU exp2 kernel runs faster than its exp
+# (results/perf/notes.md), and the extra rounding of x log2 e is of the order of
+# the rounding x itself carries
 _LOG2E = 1.0 / math.log(2.0)
 
 
@@ -422,7 +419,7 @@ def _activation_derivative_eager(a: Tensor, activation: str) -> Tensor:
         return (af > 0).to(af.dtype)
     # PyTorch's exact-GELU backward kernel returns grad * phi'(a) in one fused pass
     # (this runs over (B, T, F) twice a step): with grad = 1 it is phi'(a) itself,
-    # ~5x faster on CPU than the formula's nine elementwise passes
+    # faster on CPU than the formula's nine elementwise passes (results/perf/notes.md)
     return torch.ops.aten.gelu_backward(torch.ones_like(af), af, approximate="none")
 
 
@@ -606,8 +603,8 @@ def matmul_few_columns(x: Tensor, m: Tensor) -> Tensor:
     Jacobian products' group counts), returned as (..., G) (a transposed view).
 
     Computed as ``(m^T x^T)^T``: the same sums, but a (G, F) x (F, N) product,
-    which the CPU BLAS runs ~5x faster than an (N, F) x (F, G) one with a G-wide
-    output (measured with G = 2 at (6400, 256): 0.43 against 2.0 ms).
+    which the CPU BLAS runs much faster than an (N, F) x (F, G) one with a G-wide
+    output (``results/perf/notes.md``).
     """
     f = x.shape[-1]
     return torch.mm(m.t(), x.reshape(-1, f).t()).t().view(*x.shape[:-1], m.shape[1])
@@ -639,7 +636,7 @@ def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:
 class _LayerNormSigma(torch.autograd.Function):
     """``sqrt(Var(x) + eps)`` over the last dim.
 
-    By hand because ``Tensor.var``'s last-dim reduction is ~7x slower on CPU,
+    By hand because ``Tensor.var``'s last-dim reduction is slower on CPU,
     and with its own backward so that only ``x`` (which the norm keeps
     anyway) and the (B, T) result are saved: ``d sigma / dx = (x - mean) / (d sigma)``.
     """

@@ -1,6 +1,6 @@
 """Filter math specific to a Llama-style decoder (RMSNorm, SwiGLU, GQA, KV cache).
 
-Pure functions in the spec's symbols (``BFT_SPEC.md``); everything generic
+Pure functions in the symbols of ``docs/spec.md``; everything generic
 (delta rule, kriging statistics, REML, Kalman gain, predict) lives in
 :mod:`bft_lightning.nn.functional` and is reused from there.
 
@@ -82,7 +82,7 @@ def observation(
     gate: Tensor | None,
     heads: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """REML observation precision per residual group (spec section 1).
+    """REML observation precision per residual group (``docs/spec.md``, Observe).
 
     ``sigma2 = (nu0 s0^2 + n_eff S) / (nu0 + n_eff - 1)``, times the mean
     squared gate of the head when there is a sigmoid output gate (the gate
@@ -123,7 +123,7 @@ def swiglu_jacobian_matrices(
 def swiglu_pooled_jacobian(
     a: Tensor, b: Tensor, m1: Tensor, m3: Tensor, norm_sigma: Tensor
 ) -> Tensor:
-    """Group mean of the diagonal SwiGLU Jacobian (spec section 3).
+    """Group mean of the diagonal SwiGLU Jacobian (``docs/spec.md``, Predict).
 
     ``J_i = (gamma2_i / sigma2) sum_k W2[i, k] (silu'(a_k) b_k W1[k, i] + silu(a_k) W3[k, i])``
     pooled: ``Jbar = ((silu'(a) b) @ M1 + silu(a) @ M3) / sigma2`` where

@@ -17,7 +17,7 @@ reference buckets ``ts_{t+1} - ts_j`` (the query's next action); we use the
 query's own time, so the target's timestamp is never an input. The position
 term is always on (the reference adds ``rab`` only when it has timestamps).
 
-BFT (``precision="on"``, ``BFT_SPEC.md`` section 5):
+BFT (``precision="on"``, ``docs/spec.md``, Blocks: HSTU):
 
 1. observe: the prior variance of V per head goes through LN (``1 / sigma1^2``),
    f1 (delta rule, one row per channel) and SiLU (``SiLU'(a)^2`` per channel),
@@ -242,7 +242,7 @@ class HSTULayer(nn.Module):
         """``w = SiLU(q.k + rab) / N`` on allowed entries, 0 elsewhere: (B, H, T, T).
 
         The mask multiplies as floats (:func:`BF.mask_weights`; a ``where`` with
-        the bool mask took ~10x as long on a CPU): the same values for finite scores."""
+        the bool mask is slower on a CPU): the same values for finite scores."""
         w = F.silu(q @ k.transpose(-1, -2) + rab.to(q.dtype)) / self.max_len
         return w * BF.mask_weights(allowed, w.dtype)
 

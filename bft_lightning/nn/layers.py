@@ -1,6 +1,6 @@
 """BFT encoder layer and stack (pre-norm, softmax attention, GELU/ReLU FFN).
 
-One layer is one step of a Bayesian filter (``BFT_SPEC.md`` sections 1-3):
+One layer is one step of a Bayesian filter (``docs/spec.md``, Observe, Update, Predict):
 
 1. observe:  ``x = Norm1(h)``; kriging attention with the keys' precision as
    a logit bias gives ``z = W_O e`` and its precision ``lambda_obs``;
@@ -91,7 +91,7 @@ class BFTEncoderLayer(nn.Module):
         attention_chunk: query block size of the ``"chunked"`` path.
         predict_noise: False skips ``Q`` (e.g. a last layer whose precision
             feeds nothing); True adds it.
-        gain: ``"group"`` (the spec: one Kalman gain per residual group, on
+        gain: ``"group"`` (``docs/spec.md``: a Kalman gain per residual group, on
             ``z = W_O e``) or ``"head"`` (one gain per head on its estimate
             before ``W_O``: ``z = W_O [K_a e_a]_a`` with
             ``K_a = lambda_obs_a / (lambda_bar_a + lambda_obs_a)``, where
@@ -101,7 +101,7 @@ class BFTEncoderLayer(nn.Module):
             units, so no delta rule through ``W_O`` is needed; ``W_O``'s bias
             is not scaled). The posterior precision is the same in both modes.
             Recorded gains are (B, T, G) or, per head, (B, T, H).
-        key_precision: True (the spec) puts the keys' precision into the
+        key_precision: True (``docs/spec.md``) puts the keys' precision into the
             attention as the logit bias ``log lambda_bar_j`` (kriging); False
             is an ablation that attends as the off twin does and keeps the
             Kalman update and the dynamics: the observation statistics, the

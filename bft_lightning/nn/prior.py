@@ -1,4 +1,4 @@
-"""Layer-0 precision priors ``tau`` (``BFT_SPEC.md`` section 4).
+"""Layer-0 precision priors ``tau`` (``docs/spec.md``, Layer 0: the prior tau).
 
 ``tau`` is learned per id as ``exp`` of a log-precision embedding (multiplicative
 moves, so Adam moves it at a useful rate), or as ``exp(MLP(embedding))``. The

@@ -117,10 +117,8 @@ class SequentialRecommendation(L.LightningModule):
             default) a per-target mean weighs each target of a batch of short
             histories many times more than one of a batch of long histories
             (up to 50x: rows of 1 against 50 targets); dividing by
-            the rows weighs every target alike. On Amazon Beauty (SASRec off,
-            seed 0) ``"targets"`` with bucketing peaked at validation NDCG@10
-            0.0470, ``"rows"`` at 0.0520, as high as unbucketed batches
-            (0.0516) at half their time per epoch. Every target weighs the
+            the rows weighs every target alike (on Amazon Beauty it trained as
+            well as unbucketed batches: ``results/perf/notes.md``). Every target weighs the
             same except in the epoch's last, smaller batch (``1 / its rows``).
             ``train/loss`` is logged as the per-target mean either way. A
             checkpoint saved before this option existed resumes with

@@ -1,4 +1,4 @@
-"""BFT Llama decoder: the spec's section-6 properties, the SwiGLU Jacobian, the KV cache."""
+"""BFT Llama decoder: the properties of docs/spec.md, the SwiGLU Jacobian, the KV cache."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_gradients_reach_tau_and_rho() -> None:
 
 
 def test_uniform_norm_units_precision_gives_softmax_weights() -> None:
-    """Spec section 6: lambda = c / sigma1^2 (uniform in Norm1 units) -> kriging = softmax."""
+    """docs/spec.md, Off mode: lambda = c / sigma1^2 (uniform in Norm1 units) gives softmax."""
     torch.manual_seed(0)
     on = BFTLlamaDecoderLayer(32, 4, 2, 64, precision="on").eval()
     off = BFTLlamaDecoderLayer(32, 4, 2, 64, precision="off").eval()

@@ -1,4 +1,4 @@
-"""HSTULayer / HSTUEncoder: reduction to a plain HSTU written here; spec section-6 properties."""
+"""HSTULayer / HSTUEncoder: reduction to a plain HSTU written here; docs/spec.md properties."""
 
 from __future__ import annotations
 

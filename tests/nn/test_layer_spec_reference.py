@@ -1,4 +1,4 @@
-"""A whole BFT encoder layer against a float64 reference written from BFT_SPEC.md.
+"""A whole BFT encoder layer against a float64 reference written from docs/spec.md.
 
 The reference is deliberately naive: explicit loops over (batch, head, query), the
 delta rules as per-block sums of squared weights, the REML variance with its sill

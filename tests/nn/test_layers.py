@@ -1,4 +1,4 @@
-"""BFTEncoderLayer / BFTEncoder: reduction to torch, the spec's section-6 properties."""
+"""BFTEncoderLayer / BFTEncoder: reduction to torch, the properties of docs/spec.md."""
 
 from __future__ import annotations
 
@@ -415,7 +415,7 @@ def test_per_head_gain_equals_its_definition(groups: int) -> None:
     set_recording(layer, True)
     y, _ = layer(h, lp, is_causal=True)
     want, gain = _per_head_gain_reference(layer, h, lp)
-    # the filter's statistics run in float32 (spec section 1), also for float64 inputs
+    # the filter's statistics run in float32 (docs/spec.md, Observe), also for float64 inputs
     torch.testing.assert_close(layer.last_stats.gain.double(), gain, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
     assert layer.last_stats.gain.shape == (2, 6, H)
