@@ -9,7 +9,7 @@ __all__ = ["Recommender", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    """``from bft_lightning import Recommender`` without importing torch on ``import bft_lightning``."""
+    """``from bft_lightning import Recommender``; a bare ``import bft_lightning`` loads no torch."""
     if name == "Recommender":
         from bft_lightning.serving import Recommender
 

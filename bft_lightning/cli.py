@@ -118,10 +118,11 @@ class BFTCLI(LightningCLI):
         self._check_checkpoint()
         from bft_lightning.serving import RecommendationWriter
 
+        callbacks = getattr(self.trainer, "callbacks")  # noqa: B009 - not in Trainer's stubs
         if hasattr(self.model, "predict_k") and not any(
-            isinstance(c, RecommendationWriter) for c in self.trainer.callbacks
+            isinstance(c, RecommendationWriter) for c in callbacks
         ):  # the recommendations go to a file (predictions.csv in the log folder)
-            self.trainer.callbacks.append(RecommendationWriter())
+            callbacks.append(RecommendationWriter())
         config = self.config_init.get("predict", {})
         if hasattr(self.model, "predict_k") and config.get("return_predictions") is None:
             config["return_predictions"] = False  # written by the writer, not kept in memory

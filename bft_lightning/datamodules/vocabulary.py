@@ -25,7 +25,9 @@ from .splits import SequenceData
 __all__ = ["Remap", "VOCABULARY_KEYS", "read_vocabulary", "remap_items"]
 
 VOCABULARY_KEYS = ("item_ids", "user_ids", "item_frequency", "max_len", "format", "fingerprint")
-_CHECKPOINT_KEY = "bft_lightning"  # tasks.recommendation.CHECKPOINT_KEY (data must not import tasks)
+_CHECKPOINT_KEY = (
+    "bft_lightning"  # tasks.recommendation.CHECKPOINT_KEY (data must not import tasks)
+)
 
 
 @dataclass(frozen=True)

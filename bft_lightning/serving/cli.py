@@ -77,7 +77,7 @@ def read_jsonl(path: str | Path) -> Iterator[History]:
             except json.JSONDecodeError as err:
                 raise InputError(f"{path}:{line}: not valid JSON ({err.msg})") from None
             if not isinstance(row, dict):
-                raise InputError(f"{path}:{line}: expected a JSON object {{\"user\", \"items\"}}")
+                raise InputError(f'{path}:{line}: expected a JSON object {{"user", "items"}}')
             for key in ("user", "items"):
                 if key not in row:
                     raise InputError(f"{path}:{line}: missing field {key!r}")
@@ -215,7 +215,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ckpt_path", required=True, help="a SequentialRecommendation checkpoint")
     p.add_argument("--input", required=True, help="histories: .jsonl ({user, items}) or .csv")
-    p.add_argument("--output", required=True, help=".csv or .jsonl: user,rank,item,score,confidence")
+    p.add_argument(
+        "--output", required=True, help=".csv or .jsonl: user,rank,item,score,confidence"
+    )
     p.add_argument("--k", type=int, default=10, help="items per user (1..num_items; default 10)")
     p.add_argument("--exclude-seen", action="store_true", help="never recommend a history's items")
     p.add_argument("--batch-size", type=int, default=256, help="histories per batch (default 256)")

@@ -134,7 +134,7 @@ class Recommender:
                 "nor a functools.partial of one"
             )
         hparams = checkpoint.get("hyper_parameters") or {}
-        max_len = int(info.get("max_len", hparams.get("max_len", vocabulary.get("max_len", 50))))
+        max_len = int(info.get("max_len") or hparams.get("max_len") or vocabulary["max_len"])
         model = _import(spec["class_path"])(
             int(info["num_items"]), max_len, **dict(spec.get("init_args") or {})
         )
@@ -166,14 +166,20 @@ class Recommender:
 
     def check_k(self, k: object) -> int:
         """``k`` if it is an integer in ``1..num_items``; else ``ValueError`` naming it."""
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= self.num_items:
+        if (
+            isinstance(k, bool)
+            or not isinstance(k, int | np.integer)
+            or not 1 <= k <= self.num_items
+        ):
             raise ValueError(
                 f"k must be an integer in 1..{self.num_items} (the checkpoint's item count), "
                 f"got {k!r}"
             )
         return int(k)
 
-    def encode(self, history: Sequence[str | int], position: int = 0) -> tuple[list[int], tuple[str, ...]]:
+    def encode(
+        self, history: Sequence[str | int], position: int = 0
+    ) -> tuple[list[int], tuple[str, ...]]:
         """(known item indices, oldest first; the raw ids the checkpoint does not know).
 
         Ids are compared as strings (``1234`` and ``"1234"`` are the same item).
@@ -234,7 +240,8 @@ class Recommender:
         out: list[Recommendation] = []
         for start in range(0, len(histories), batch_size):
             encoded = [
-                self.encode(h, start + i) for i, h in enumerate(histories[start : start + batch_size])
+                self.encode(h, start + i)
+                for i, h in enumerate(histories[start : start + batch_size])
             ]
             out += self.recommend_encoded(encoded, k, exclude_seen)
         return out

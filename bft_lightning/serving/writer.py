@@ -51,7 +51,9 @@ class RecommendationWriter(BasePredictionWriter):
 
     def path(self, trainer: L.Trainer) -> Path:
         """Where this rank writes."""
-        path = Path(self.output or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv")
+        path = Path(
+            self.output or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
+        )
         if trainer.world_size > 1:
             path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
         return path
@@ -70,7 +72,8 @@ class RecommendationWriter(BasePredictionWriter):
             raise ValueError(
                 "RecommendationWriter needs a DataModule with raw ids (SequenceDataModule)"
             )
-        pl_module.predict_k, pl_module.predict_exclude_seen = self.k, self.exclude_seen
+        setattr(pl_module, "predict_k", self.k)  # noqa: B010 - read by predict_step
+        setattr(pl_module, "predict_exclude_seen", self.exclude_seen)  # noqa: B010
         self._user_ids, self._item_ids = sequences.user_ids, sequences.item_ids
         self._rows = RowWriter(self.path(trainer))
 

@@ -40,7 +40,7 @@ def config(path: Path, data: Path, root: Path, max_epochs: int = 12, **backbone)
         "trainer": {
             "accelerator": "cpu", "devices": 1, "max_epochs": max_epochs, "logger": False,
             "enable_progress_bar": False, "enable_model_summary": False,
-            "default_root_dir": str(root), "num_sanity_val_steps": 0,
+            "default_root_dir": str(root / "run"), "num_sanity_val_steps": 0,
             "callbacks": [{
                 "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                 "init_args": {"dirpath": str(root / "ckpt"), "filename": "best",
