@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 from lightning.pytorch import Trainer
@@ -43,6 +44,23 @@ class BFTCLI(LightningCLI):
     def parse_arguments(self, parser: Any, args: Any) -> None:
         super().parse_arguments(parser, args)
         self._checkpoint = self._read_checkpoint()
+        self._use_checkpoint_vocabulary()
+
+    def _use_checkpoint_vocabulary(self) -> None:
+        """Encode the data in ``--ckpt_path``'s item vocabulary (``data.item_vocabulary``).
+
+        Set before anything is built, so the item count linked into the model is the
+        checkpoint's even when the data has items it never saw (those are dropped, with
+        a warning that counts them). Left alone when the config sets it.
+        """
+        path, checkpoint = self._ckpt_path(), getattr(self, "_checkpoint", None)
+        vocabulary = ((checkpoint or {}).get("bft_lightning") or {}).get("vocabulary")
+        if path is None or not vocabulary:
+            return
+        init = (self.config[self.config["subcommand"]].get("data") or {}).get("init_args")
+        if init is not None and "item_vocabulary" in init:
+            if init.get("item_vocabulary") is None:
+                init["item_vocabulary"] = path
 
     def _ckpt_path(self) -> str | None:
         """``--ckpt_path`` when it names a local file (not ``last``/``best``/a URL)."""
@@ -98,6 +116,16 @@ class BFTCLI(LightningCLI):
 
     def before_predict(self) -> None:
         self._check_checkpoint()
+        from bft_lightning.serving import RecommendationWriter
+
+        callbacks = getattr(self.trainer, "callbacks")  # noqa: B009 - not in Trainer's stubs
+        if hasattr(self.model, "predict_k") and not any(
+            isinstance(c, RecommendationWriter) for c in callbacks
+        ):  # the recommendations go to a file (predictions.csv in the log folder)
+            callbacks.append(RecommendationWriter())
+        config = self.config_init.get("predict", {})
+        if hasattr(self.model, "predict_k") and config.get("return_predictions") is None:
+            config["return_predictions"] = False  # written by the writer, not kept in memory
 
 
 def _resolve(class_path: str) -> object:
@@ -181,7 +209,14 @@ def check_world_size(trainer: Trainer) -> None:
 
 
 def main(args: list[str] | None = None, run: bool = True) -> BFTCLI:
-    """Entry point; ``args`` replaces ``sys.argv[1:]`` (for tests)."""
+    """Entry point; ``args`` replaces ``sys.argv[1:]`` (for tests).
+
+    ``recommend`` runs :mod:`bft_lightning.serving.cli` and exits with its status."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] == "recommend":
+        from bft_lightning.serving.cli import main as recommend
+
+        raise SystemExit(recommend(argv[1:]))
     return BFTCLI(
         subclass_mode_model=True,
         subclass_mode_data=True,

@@ -530,9 +530,9 @@ BAD = [
         r"nope.yaml",
     ),
     # -- checkpoints: another model, other data, damaged, unsafe
-    Bad(
+    Bad(  # a checkpoint with a vocabulary maps the data into it (tests/tasks); one without cannot
         "checkpoint_num_items_mismatch",
-        ckpt_from(),
+        ckpt_from(lambda c: c["bft_lightning"].pop("vocabulary")),
         cli_run("--data.init_args.synthetic_items=300", "--ckpt_path={in}/model.ckpt"),
         CLIError,
         r"{in}/model.ckpt: the checkpoint was trained on num_items=\d+ items but the data has \d+",

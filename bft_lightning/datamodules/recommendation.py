@@ -32,22 +32,32 @@ global batches one process with batch N*b would.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from bft_lightning.utils.resume import ResumableDataLoader
 
-from .cache import load_sequences
+from .cache import file_sha256, load_sequences, source_files
 from .readers import kcore_filter
 from .registry import resolve_dataset
-from .splits import LeaveOneOut, SequenceData, encode, eval_arrays, leave_one_out, train_arrays
+from .splits import (
+    LeaveOneOut,
+    SequenceData,
+    encode,
+    eval_arrays,
+    leave_one_out,
+    predict_arrays,
+    train_arrays,
+)
 from .synthetic import SyntheticConfig, make_synthetic
+from .vocabulary import read_vocabulary, remap_items
 
 __all__ = [
     "ArrayDataset",
@@ -222,6 +232,12 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_items: items of the synthetic dataset.
         synthetic_clusters: item clusters (user tastes) of the synthetic dataset.
         synthetic_seed: seed of the synthetic dataset (independent of ``seed``).
+        item_vocabulary: a recommendation checkpoint whose item vocabulary the
+            data is encoded in (``--ckpt_path`` sets it on the command line):
+            raw item ids get the checkpoint's indices whatever the order of the
+            file's lines; items it has never seen are dropped and counted (see
+            :func:`~.vocabulary.remap_items`). None: items are numbered in order
+            of first appearance.
     """
 
     def __init__(
@@ -244,6 +260,7 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_items: int = 500,
         synthetic_clusters: int = 20,
         synthetic_seed: int = 0,
+        item_vocabulary: str | None = None,
     ) -> None:
         super().__init__()
         for name, value, low in [
@@ -272,8 +289,10 @@ class SequenceDataModule(L.LightningDataModule):
             num_clusters=synthetic_clusters,
             seed=synthetic_seed,
         )
+        self.item_vocabulary = item_vocabulary
         self._data: SequenceData | None = None
         self._split: LeaveOneOut | None = None
+        self._fingerprint: dict[str, Any] | None = None
         self._datasets: dict[str, ArrayDataset] = {}
 
     # ------------------------------------------------------------ loading
@@ -315,15 +334,102 @@ class SequenceDataModule(L.LightningDataModule):
         """Load data and split once (lazily; safe to call from properties)."""
         if self._data is None or self._split is None:
             data = self._read()
+            if self.item_vocabulary is not None:
+                data = self._remap(data, self.item_vocabulary)
             split = leave_one_out(data)
             _check_enough(data, split, self._describe())
             self._data, self._split = data, split
             rank_zero_info(f"SequenceDataModule: {self.stats}")
         return self._data, self._split
 
+    # ------------------------------------------------------------ vocabulary
+
+    def _remap(self, data: SequenceData, checkpoint: str) -> SequenceData:
+        """``data`` in the index space of ``checkpoint``'s vocabulary (warns on unknown items)."""
+        vocabulary = read_vocabulary(checkpoint)
+        if vocabulary is None:
+            rank_zero_warn(
+                f"{checkpoint}: the checkpoint holds no item vocabulary (saved before "
+                "checkpoints stored one): cannot check that the data's item ids are those it "
+                "was trained on; items are numbered in their order of first appearance"
+            )
+            return data
+        return self._apply_vocabulary(data, vocabulary, checkpoint)
+
+    def _apply_vocabulary(
+        self, data: SequenceData, vocabulary: dict[str, Any], source: str
+    ) -> SequenceData:
+        item_ids = [str(i) for i in vocabulary["item_ids"]]
+        if [str(i) for i in data.item_ids] == item_ids:
+            return data
+        remapped, report = remap_items(data, item_ids)
+        if report.unknown_items:
+            rank_zero_warn(report.message(f"{self._describe()} against {source}"))
+        saved = (vocabulary.get("fingerprint") or {}).get("files")
+        if saved and saved != self.fingerprint().get("files"):
+            rank_zero_info(
+                f"SequenceDataModule: {self._describe()} is not the file {source} was trained "
+                "on (another digest); its item ids are mapped through the checkpoint's vocabulary"
+            )
+        return remapped
+
+    def use_vocabulary(self, vocabulary: dict[str, Any], source: str = "checkpoint") -> None:
+        """Re-encode the loaded data into ``vocabulary`` (a checkpoint's); no-op if the same.
+
+        Built datasets are dropped, so loaders made afterwards serve the new indices.
+        """
+        data, split = self._ensure()
+        remapped = self._apply_vocabulary(data, vocabulary, source)
+        if remapped is data:
+            return
+        split = leave_one_out(remapped)
+        _check_enough(remapped, split, self._describe())
+        self._data, self._split = remapped, split
+        self._datasets.clear()
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What the data was read from: file sha256 digests (or the synthetic options)."""
+        if self._fingerprint is None:
+            if self.path is None and self.dataset == "synthetic":
+                self._fingerprint = {"synthetic": asdict(self.synthetic), "kcore": self.kcore}
+            else:
+                path, _ = self._source()
+                files = {str(f.name): file_sha256(f) for f in source_files(path)}
+                self._fingerprint = {"source": self._describe(), "files": files,
+                                     "kcore": self.kcore}  # fmt: skip
+        return dict(self._fingerprint)
+
+    def vocabulary_state(self) -> dict[str, Any]:
+        """What a checkpoint stores about its data (plain lists: ``weights_only`` loads it).
+
+        ``item_ids`` (raw ids in index order, ``[0] == ""``), ``user_ids``,
+        ``item_frequency`` (training counts, a tensor), ``max_len``, ``format``
+        and ``fingerprint`` (file digests, counts).
+        """
+        data, split = self._ensure()
+        if self.path is None and self.dataset == "synthetic":
+            fmt: str | None = "synthetic"
+        else:
+            fmt = self._source()[1]
+            if fmt is None:
+                from .readers import sniff_format
+
+                fmt = sniff_format(self._source()[0])
+        counts = {"users": data.num_users, "items": data.num_items,
+                  "interactions": int(len(data.items))}  # fmt: skip
+        return {
+            "item_ids": [str(i) for i in data.item_ids],
+            "user_ids": [str(u) for u in data.user_ids],
+            "item_frequency": torch.from_numpy(split.item_frequency.copy()),
+            "max_len": self.max_len,
+            "format": fmt,
+            "fingerprint": self.fingerprint() | counts,
+        }
+
     def setup(self, stage: str | None = None) -> None:
         """Load the data (every process) and pre-build the padded arrays."""
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",),
+                  "predict": ("predict",)}  # fmt: skip
         for name in wanted.get(stage or "", ("train", "val", "test")):
             self._dataset(name)
 
@@ -333,6 +439,8 @@ class SequenceDataModule(L.LightningDataModule):
             data, split = self._ensure()
             if name == "train":
                 arrays = train_arrays(data, split, self.max_len, self.train_rows)
+            elif name == "predict":
+                arrays = predict_arrays(data, self.max_len)
             else:
                 arrays = eval_arrays(data, split, self.max_len, name)
             self._datasets[name] = ArrayDataset(arrays)
@@ -438,8 +546,8 @@ class SequenceDataModule(L.LightningDataModule):
         return self._loader("test", self.eval_batch_size, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        """The test rows (history up to the last item), for ``predict``."""
-        return self._loader("test", self.eval_batch_size, shuffle=False)
+        """Every user's full history (test item included), for ``predict``: what comes next."""
+        return self._loader("predict", self.eval_batch_size, shuffle=False)
 
 
 def _check_enough(data: SequenceData, split: LeaveOneOut, source: str) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "eval_arrays",
     "leave_one_out",
     "left_pad",
+    "predict_arrays",
     "train_arrays",
 ]
 
@@ -208,4 +209,23 @@ def eval_arrays(
     if data.times is not None:
         out["input_time"] = left_pad(data.times, start, target_pos, max_len)
         out["target_time"] = data.times[target_pos]
+    return out
+
+
+def predict_arrays(data: SequenceData, max_len: int) -> dict[str, np.ndarray]:
+    """Every user's whole history, to recommend what comes after it.
+
+    Keys: ``input_ids (U, max_len)`` (the most recent ``max_len`` items,
+    left-padded), ``user (U,)`` (the 0-based user index in ``data``, every
+    user, short ones included), ``history_len (U,)`` (untruncated), and with
+    timestamps ``input_time (U, max_len)``.
+    """
+    start, end = data.offsets[:-1], data.offsets[1:]
+    out = {
+        "input_ids": left_pad(data.items, start, end, max_len),
+        "user": np.arange(data.num_users, dtype=np.int64),
+        "history_len": (end - start).astype(np.int64),
+    }
+    if data.times is not None:
+        out["input_time"] = left_pad(data.times, start, end, max_len)
     return out

@@ -7,6 +7,7 @@ the data (``LightningCLI`` links ``data.num_items`` and ``data.max_len``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from bft_lightning.metrics import RankingMetric, write_report
@@ -81,6 +83,42 @@ def trim_left_padding(batch: dict[str, Tensor], keep_one: bool = False) -> dict[
 
 def _default_backbone(num_items: int, max_len: int) -> SequentialRecommender:
     return SASRec(num_items, max_len)
+
+
+def _plain(value: object) -> bool:
+    """A value a ``weights_only`` checkpoint load accepts and a config could name."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def backbone_spec(backbone: object, built: type) -> dict[str, Any] | None:
+    """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``.
+
+    Read from the factory: the default, a class, or a ``functools.partial`` of
+    the class (what code writes) or of an instantiator and the class (what
+    LightningCLI builds from ``class_path`` / ``init_args``). None when the
+    factory is something else or holds values that are not plain data.
+    """
+    if backbone is _default_backbone or backbone is built:
+        return {"class_path": _qualname(built), "init_args": {}}
+    if not isinstance(backbone, functools.partial):
+        return None
+    func, args = backbone.func, backbone.args
+    if isinstance(func, type) and not args:
+        cls = func
+    elif args and isinstance(args[-1], type) and not any(isinstance(a, type) for a in args[:-1]):
+        cls = args[-1]  # instantiator(*wrappers, cls, num_items, max_len, **init_args)
+    else:
+        return None
+    kwargs = dict(backbone.keywords)
+    if cls is not built or not _plain(kwargs):
+        return None
+    return {"class_path": _qualname(cls), "init_args": kwargs}
 
 
 class SequentialRecommendation(L.LightningModule):
@@ -158,6 +196,7 @@ class SequentialRecommendation(L.LightningModule):
                        prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
         self.save_hyperparameters(ignore=["backbone"])
         self.model = backbone(num_items, max_len)
+        self.backbone_spec = backbone_spec(backbone, type(self.model))
         if compile:  # an instance attribute: the state dict and checkpoints are unchanged
             self.model.encode = torch.compile(self.model.encode, dynamic=True)  # type: ignore[method-assign]
         self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
@@ -175,7 +214,9 @@ class SequentialRecommendation(L.LightningModule):
         if isinstance(data_items, int) and data_items != self.num_items:
             raise ValueError(
                 f"the model scores num_items={self.num_items} items but the data has "
-                f"{data_items}: evaluate a model on the data (and item ids) it was trained on"
+                f"{data_items}: evaluate a model on the data (and item ids) it was trained on, "
+                "or encode the data in a checkpoint's vocabulary (the DataModule's "
+                "item_vocabulary=CKPT; the command line does so for --ckpt_path)"
             )
         freq = self._item_frequency()
         if stage == "fit" and freq is not None and not self._prior_initialised:
@@ -342,20 +383,78 @@ class SequentialRecommendation(L.LightningModule):
 
     # -- checkpoints --------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CHECKPOINT_KEY] = {
+        """Record the classes, how to rebuild the backbone and the data's vocabulary.
+
+        ``vocabulary`` (from a DataModule with ``vocabulary_state``, e.g.
+        ``SequenceDataModule``): raw item ids in index order, raw user ids,
+        training item counts, ``max_len``, the reader's format and a data
+        fingerprint; see ``bft_lightning.datamodules.vocabulary``.
+        """
+        info: dict[str, Any] = {
             "task": _qualname(type(self)),
             "backbone": _qualname(type(self.model)),
             "num_items": self.num_items,
+            "max_len": int(self.hparams.get("max_len", self.model.max_len)),
         }
+        if getattr(self, "backbone_spec", None) is not None:
+            info["backbone_init"] = self.backbone_spec
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        state = getattr(dm, "vocabulary_state", None)
+        if callable(state):
+            info["vocabulary"] = state()
+        checkpoint[CHECKPOINT_KEY] = info
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         source = self.trainer.ckpt_path if self._trainer is not None else None
         self.check_checkpoint(checkpoint, str(source or "checkpoint"))
+        self._use_checkpoint_vocabulary(checkpoint, str(source or "checkpoint"))
         hparams = checkpoint.get("hyper_parameters")
         if isinstance(hparams, dict) and "loss_normalization" not in hparams:
             # saved before the option existed (and "rows" became the default): a resumed
             # run goes on with the per-target mean it was trained with
             self.loss_normalization = "targets"
+
+    def _use_checkpoint_vocabulary(self, checkpoint: dict[str, Any], source: str) -> None:
+        """Encode the attached data in the checkpoint's item ids; warn if it has none.
+
+        Runs before any loader of the stage is built, so evaluation, prediction
+        and a resumed fit all see the checkpoint's indices.
+        """
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        use = getattr(dm, "use_vocabulary", None)
+        if not callable(use):
+            return
+        vocabulary = (checkpoint.get(CHECKPOINT_KEY) or {}).get("vocabulary")
+        if vocabulary is None:
+            rank_zero_warn(
+                f"{source}: the checkpoint holds no item vocabulary (saved before checkpoints "
+                "stored one): cannot check that the data's item ids are those it was trained "
+                "on, nor map a reordered or extended data file; ids are taken in the data's "
+                "order of first appearance"
+            )
+            return
+        use(vocabulary, source)
+
+    # -- prediction ---------------------------------------------------------------------
+    predict_k: int = 10  # set by RecommendationWriter
+    predict_exclude_seen: bool = False
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """The top ``predict_k`` items after each row's history (``predict_dataloader``).
+
+        Returns ``user`` (B,) user indices, ``items`` (B, k) item indices (0 where
+        fewer than k are eligible), ``scores`` (B, k) and ``confidence`` (B,).
+        With ``predict_exclude_seen`` the items of the input window are excluded.
+        """
+        from bft_lightning.serving.inference import rank_next
+
+        batch = trim_left_padding(batch, keep_one=True)
+        ids = batch["input_ids"]
+        exclude = ids if self.predict_exclude_seen else None
+        top, confidence = rank_next(self.model, ids, self.predict_k, batch.get("input_time"),
+                                    exclude)  # fmt: skip
+        return {"user": batch["user"], "items": top.ids, "scores": top.scores,
+                "confidence": confidence}  # fmt: skip
 
     def check_checkpoint(self, checkpoint: dict[str, Any], source: str = "checkpoint") -> None:
         """Raise a clear ``ValueError`` if ``checkpoint`` cannot be this model's.
@@ -381,7 +480,8 @@ class SequentialRecommendation(L.LightningModule):
         if saved_items is not None and saved_items != self.num_items:
             raise ValueError(
                 f"{source}: the checkpoint was trained on num_items={saved_items} items but the "
-                f"data has {self.num_items}; use the data (and item ids) it was trained on"
+                f"data has {self.num_items}; use the data (and item ids) it was trained on, "
+                "or encode the data in its vocabulary (the DataModule's item_vocabulary)"
             )
         own = self.state_dict()
         missing = sorted(set(own) - set(state))

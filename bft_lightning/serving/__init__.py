@@ -1,0 +1,11 @@
+"""Serving: a checkpoint and its vocabulary -> raw item ids, scores, confidence.
+
+``Recommender`` (the Python API), ``RecommendationWriter`` (``predict`` to a
+file) and ``python -m bft_lightning recommend`` (:mod:`.cli`). See
+``docs/recommend.md``.
+"""
+
+from .recommender import Recommendation, Recommender, UnknownItemsError
+from .writer import RecommendationWriter
+
+__all__ = ["Recommendation", "RecommendationWriter", "Recommender", "UnknownItemsError"]

@@ -1,0 +1,297 @@
+"""``python -m bft_lightning recommend --ckpt_path CKPT --input FILE --output FILE --k 10``.
+
+Input, one history per user:
+
+- JSON lines (``.jsonl``, ``.ndjson``, ``.json``): ``{"user": "u1", "items": ["B00X1",
+  "B00Q7"]}``, items oldest first; an empty list is a cold user.
+- CSV (``.csv``): ``user,item[,timestamp]``, one interaction a row, an optional
+  header (``user,item,timestamp``). A user's rows must be contiguous (sorted
+  or grouped by user); within a user they are ordered by timestamp when
+  there is one (stable), else kept in file order.
+
+Output (``.csv`` or ``.jsonl``): one row per (user, rank, item, score,
+confidence). Histories are read, ranked and written in batches of
+``--batch-size``, so the input never sits in memory at once; the output is
+written to a temporary file and renamed at the end. Bad input stops with
+``error: FILE:LINE: what`` and exit status 2, leaving no output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import IO, NamedTuple
+
+from .recommender import Recommender, UnknownItemsError
+from .rows import RowWriter, output_format
+
+__all__ = ["History", "InputError", "main", "read_csv", "read_histories", "read_jsonl"]
+
+_INPUT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv"}
+
+
+class InputError(ValueError):
+    """Bad input: the message names the file and line (or the option)."""
+
+
+class History(NamedTuple):
+    """One user's items (raw ids, oldest first) and the line it starts on."""
+
+    user: str
+    items: list[str]
+    line: int
+
+
+def _id(value: object, path: Path, line: int, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise InputError(f"{path}:{line}: {field}: expected a string or integer id, got {value!r}")
+    text = str(value).strip()
+    if not text:
+        raise InputError(f"{path}:{line}: {field}: empty id")
+    return text
+
+
+def _text_lines(fh: IO[str], path: Path) -> Iterator[tuple[int, str]]:
+    line = 0
+    try:
+        for line, text in enumerate(fh, start=1):
+            yield line, text
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}:{line + 1}: not UTF-8 text ({err.reason})") from None
+
+
+def read_jsonl(path: str | Path) -> Iterator[History]:
+    """Histories from JSON lines, lazily; blank lines are skipped."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as fh:
+        for line, text in _text_lines(fh, path):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{line}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f'{path}:{line}: expected a JSON object {{"user", "items"}}')
+            for key in ("user", "items"):
+                if key not in row:
+                    raise InputError(f"{path}:{line}: missing field {key!r}")
+            items = row["items"]
+            if not isinstance(items, list):
+                raise InputError(
+                    f"{path}:{line}: field 'items': expected a list of item ids, got {items!r}"
+                )
+            user = _id(row["user"], path, line, "field 'user'")
+            ids = [_id(v, path, line, f"field 'items'[{j}]") for j, v in enumerate(items)]
+            yield History(user, ids, line)
+
+
+_USER, _ITEM, _TIME = ("user", "user_id", "userid"), ("item", "item_id", "itemid"), (
+    "timestamp", "time", "ts",
+)  # fmt: skip
+
+
+def _header(fields: list[str], path: Path, line: int) -> dict[str, int] | None:
+    names = [f.strip().lower() for f in fields]
+    if not names or names[0] not in _USER + _ITEM + _TIME:
+        return None
+    columns: dict[str, int] = {}
+    for key, options in (("user", _USER), ("item", _ITEM), ("timestamp", _TIME)):
+        found = [j for j, name in enumerate(names) if name in options]
+        if found:
+            columns[key] = found[0]
+    if "user" not in columns or "item" not in columns:
+        raise InputError(
+            f"{path}:{line}: header {fields} lacks a 'user' or an 'item' column "
+            "(expected user,item[,timestamp])"
+        )
+    return columns
+
+
+def _timestamp(text: str, path: Path, line: int) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{path}:{line}: timestamp: expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise InputError(f"{path}:{line}: timestamp: expected a finite number, got {text!r}")
+    return value
+
+
+def read_csv(path: str | Path) -> Iterator[History]:
+    """Histories from ``user,item[,timestamp]`` rows, lazily, one user at a time.
+
+    A user whose rows are not contiguous is an error naming the line (its
+    history would otherwise be split in two). Only the ids of finished users
+    are kept, to detect that.
+    """
+    path = Path(path)
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(line for _, line in _text_lines(fh, path))
+        columns: dict[str, int] | None = None
+        width: int | None = None
+        done: dict[str, int] = {}
+        user: str | None = None
+        first = 0
+        rows: list[tuple[float, str]] = []
+        timed = False
+        try:
+            for fields in reader:
+                line = reader.line_num
+                if not fields or all(not f.strip() for f in fields):
+                    continue
+                if width is None:
+                    columns = _header(fields, path, line)
+                    width = len(fields)
+                    if columns is not None:
+                        continue
+                    if width not in (2, 3):
+                        raise InputError(
+                            f"{path}:{line}: expected 2 or 3 fields user,item[,timestamp], "
+                            f"got {width}"
+                        )
+                    columns = {"user": 0, "item": 1} | ({"timestamp": 2} if width == 3 else {})
+                    timed = width == 3
+                elif len(fields) != width:
+                    raise InputError(f"{path}:{line}: expected {width} fields, got {len(fields)}")
+                assert columns is not None
+                timed = "timestamp" in columns
+                u = _id(fields[columns["user"]], path, line, "user")
+                item = _id(fields[columns["item"]], path, line, "item")
+                t = _timestamp(fields[columns["timestamp"]], path, line) if timed else 0.0
+                if u != user:
+                    if u in done:
+                        raise InputError(
+                            f"{path}:{line}: user {u!r} already had rows ending at line "
+                            f"{done[u]}: a user's rows must be contiguous (group the file by user)"
+                        )
+                    if user is not None:
+                        done[user] = line - 1
+                        yield _finish(user, rows, first, timed)
+                    user, first, rows = u, line, []
+                rows.append((t, item))
+        except csv.Error as err:
+            raise InputError(f"{path}:{reader.line_num}: {err}") from None
+        if user is not None:
+            yield _finish(user, rows, first, timed)
+
+
+def _finish(user: str, rows: list[tuple[float, str]], line: int, timed: bool) -> History:
+    if timed:
+        rows = sorted(rows, key=lambda r: r[0])  # stable: equal times keep file order
+    return History(user, [item for _, item in rows], line)
+
+
+def read_histories(path: str | Path, fmt: str | None = None) -> Iterator[History]:
+    """Histories of a ``jsonl`` or ``csv`` file (``fmt``, else from its suffix), lazily."""
+    path = Path(path)
+    fmt = fmt or _INPUT_SUFFIXES.get(path.suffix.lower())
+    if fmt not in ("jsonl", "csv"):
+        raise InputError(
+            f"{path}: cannot tell the input format from the suffix; name it .jsonl or .csv "
+            "(or pass --input-format)"
+        )
+    if not path.is_file():
+        raise InputError(f"{path}: input file not found")
+    return read_jsonl(path) if fmt == "jsonl" else read_csv(path)
+
+
+def batched(items: Iterable[History], size: int) -> Iterator[list[History]]:
+    """Successive lists of ``size`` items (the last may be shorter), lazily."""
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bft_lightning recommend",
+        description="Top-k next items for each history of a file, from a checkpoint.",
+    )
+    p.add_argument("--ckpt_path", required=True, help="a SequentialRecommendation checkpoint")
+    p.add_argument("--input", required=True, help="histories: .jsonl ({user, items}) or .csv")
+    p.add_argument(
+        "--output", required=True, help=".csv or .jsonl: user,rank,item,score,confidence"
+    )
+    p.add_argument("--k", type=int, default=10, help="items per user (1..num_items; default 10)")
+    p.add_argument("--exclude-seen", action="store_true", help="never recommend a history's items")
+    p.add_argument("--batch-size", type=int, default=256, help="histories per batch (default 256)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--input-format", choices=("jsonl", "csv"), default=None)
+    p.add_argument("--output-format", choices=("csv", "jsonl"), default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``recommend``; returns the exit status (2 on bad input, with one ``error:`` line)."""
+    opts = parser().parse_args(argv)
+    try:
+        summary = run(opts)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary, file=sys.stderr)
+    return 0
+
+
+def run(opts: argparse.Namespace) -> str:
+    """Read, rank, write; raises ``InputError`` on anything the user must fix."""
+    if opts.batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {opts.batch_size}")
+    try:
+        output_format(opts.output, opts.output_format)
+    except ValueError as err:
+        raise InputError(f"--output {err}") from None
+    histories = read_histories(opts.input, opts.input_format)
+    try:
+        rec = Recommender.from_checkpoint(opts.ckpt_path, device=opts.device)
+    except (ValueError, FileNotFoundError) as err:
+        raise InputError(f"--ckpt_path {err}") from None
+    except RuntimeError as err:  # e.g. a CUDA device that is not there
+        raise InputError(f"--device {opts.device}: {str(err).splitlines()[0]}") from None
+    try:
+        k = rec.check_k(opts.k)
+    except ValueError as err:
+        raise InputError(f"--k {opts.k}: {err}") from None
+    return _write(rec, histories, k, opts)
+
+
+def _write(rec: Recommender, histories: Iterator[History], k: int, opts: argparse.Namespace) -> str:
+    from tqdm import tqdm
+
+    rows = RowWriter(opts.output, opts.output_format)
+    users = unknown = unknown_users = cold = 0
+    bar = tqdm(unit=" users", disable=True if opts.no_progress else None, file=sys.stderr)
+    try:
+        for batch in batched(histories, opts.batch_size):
+            encoded = []
+            for h in batch:
+                try:
+                    encoded.append(rec.encode(h.items, h.line))
+                except UnknownItemsError as err:
+                    raise InputError(
+                        f"{opts.input}:{h.line}: user {h.user!r}: " + str(err).split(": ", 1)[1]
+                    ) from None
+            for h, r in zip(batch, rec.recommend_encoded(encoded, k, opts.exclude_seen)):
+                rows.write(h.user, r.items, r.scores, r.confidence)
+                unknown += len(r.unknown)
+                unknown_users += bool(r.unknown)
+                cold += r.cold
+            users += len(batch)
+            bar.update(len(batch))
+        path = rows.commit()
+    except BaseException:
+        rows.abort()
+        raise
+    finally:
+        bar.close()
+    return (
+        f"recommend: {users} users, {rows.rows} rows written to {path}; {unknown} unknown item "
+        f"ids skipped in {unknown_users} histories; {cold} cold users (empty history: popularity)"
+    )

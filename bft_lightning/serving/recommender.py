@@ -1,0 +1,297 @@
+"""``Recommender``: a checkpoint and its vocabulary -> raw item ids, scores, confidence.
+
+    from bft_lightning import Recommender
+    rec = Recommender.from_checkpoint("best.ckpt", device="cpu")
+    out = rec.recommend([["B00X1", "B00Q7"], ["B01Z4"]], k=10, exclude_seen=True)
+    out[0].items, out[0].scores, out[0].confidence
+
+No data file is read: the checkpoint holds the raw item ids in index order,
+the training item counts and how to rebuild its backbone. The rules for
+unknown ids, empty histories, long histories and ``k`` are in
+``docs/recommend.md`` and on :meth:`Recommender.recommend`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bft_lightning.models.base import SequentialRecommender
+from bft_lightning.utils.checkpoint_io import CheckpointLoadError, safe_load_checkpoint
+
+from .inference import rank_next
+
+__all__ = ["Recommendation", "Recommender", "UnknownItemsError"]
+
+CHECKPOINT_KEY = "bft_lightning"  # = tasks.recommendation.CHECKPOINT_KEY
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The next items for one history, best first.
+
+    Attributes:
+        items: raw item ids, ``k`` of them (fewer only when ``exclude_seen``
+            leaves fewer than ``k`` items to recommend).
+        scores: the model's score (logit) of each item, same length; for a cold
+            user the log-probability of the item under the training popularity.
+        confidence: one float in [0, 1] for the whole list.
+        unknown: ids of the history the checkpoint has never seen (skipped).
+        cold: True when the history was empty (popularity, see ``recommend``).
+    """
+
+    items: list[str]
+    scores: list[float]
+    confidence: float
+    unknown: tuple[str, ...] = field(default=())
+    cold: bool = False
+
+
+class UnknownItemsError(ValueError):
+    """A non-empty history none of whose item ids the checkpoint knows."""
+
+    def __init__(self, position: int, ids: Sequence[str]) -> None:
+        self.position, self.ids = position, tuple(ids)
+        shown = ", ".join(repr(i) for i in self.ids[:5]) + (", ..." if len(self.ids) > 5 else "")
+        super().__init__(
+            f"history {position}: none of its {len(self.ids)} item ids is known to the "
+            f"checkpoint ({shown})"
+        )
+
+
+def _import(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not isinstance(cls, type) or not issubclass(cls, SequentialRecommender):
+        raise ValueError(f"{class_path} is not a SequentialRecommender class")
+    return cls
+
+
+class Recommender:
+    """A trained sequential recommender in eval mode that maps raw ids both ways.
+
+    Args:
+        model: the backbone (``SASRec``, ``BERT4Rec``, ``HSTU``).
+        item_ids: raw item ids in index order, ``item_ids[0] == ""`` (padding).
+        item_frequency: ``(num_items + 1,)`` training counts (cold users' ranking).
+        device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+    """
+
+    def __init__(
+        self,
+        model: SequentialRecommender,
+        item_ids: Sequence[str],
+        item_frequency: Tensor | Sequence[int],
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if len(item_ids) != model.num_items + 1 or (len(item_ids) and str(item_ids[0]) != ""):
+            raise ValueError(
+                f"item_ids must hold num_items + 1 = {model.num_items + 1} ids with item_ids[0] "
+                f"== '' (padding), got {len(item_ids)}"
+            )
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.item_ids = np.array([str(i) for i in item_ids], dtype=object)
+        self.index = {raw: i for i, raw in enumerate(self.item_ids) if i > 0}
+        freq = torch.as_tensor(item_frequency, dtype=torch.float64)[: self.num_items + 1]
+        # cold users: add-one smoothed training popularity, a log-probability over the items
+        prior = torch.log((freq[1:] + 1.0) / (freq[1:].sum() + self.num_items))
+        self._prior = torch.cat([prior.new_full((1,), -math.inf), prior]).float()
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Recommender:
+        """Rebuild the backbone a recommendation checkpoint was saved from, with its weights.
+
+        Loaded with ``weights_only=True`` (no code runs). Raises ``ValueError``
+        naming the file when it is not such a checkpoint, holds no item
+        vocabulary (saved before checkpoints stored one: raw ids cannot be
+        mapped) or does not record how to build its backbone.
+        """
+        checkpoint = safe_load_checkpoint(path)
+        info = checkpoint.get(CHECKPOINT_KEY)
+        if not isinstance(info, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+            raise CheckpointLoadError(f"{path}: not a checkpoint of SequentialRecommendation")
+        vocabulary = info.get("vocabulary")
+        if not isinstance(vocabulary, dict) or "item_ids" not in vocabulary:
+            raise CheckpointLoadError(
+                f"{path}: the checkpoint holds no item vocabulary (saved before checkpoints "
+                "stored one): raw item ids cannot be mapped to the model's indices; train it "
+                "again (or fit one more epoch from it) to write a checkpoint that has one"
+            )
+        spec = info.get("backbone_init")
+        if not isinstance(spec, dict):
+            raise CheckpointLoadError(
+                f"{path}: the checkpoint does not record how to build its backbone "
+                f"({info.get('backbone')}): it was built by a factory that is neither a class "
+                "nor a functools.partial of one"
+            )
+        hparams = checkpoint.get("hyper_parameters") or {}
+        max_len = int(info.get("max_len") or hparams.get("max_len") or vocabulary["max_len"])
+        model = _import(spec["class_path"])(
+            int(info["num_items"]), max_len, **dict(spec.get("init_args") or {})
+        )
+        state = {
+            name[len("model.") :]: tensor
+            for name, tensor in checkpoint["state_dict"].items()
+            if name.startswith("model.")
+        }
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as err:
+            first = str(err).strip().splitlines()[0]
+            raise CheckpointLoadError(f"{path}: weights do not fit the backbone: {first}") from None
+        return cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device)
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def num_items(self) -> int:
+        """Number of items the model ranks (``k`` can be at most this)."""
+        return self.model.num_items
+
+    @property
+    def max_len(self) -> int:
+        """The longest history the model reads; longer ones use their last ``max_len`` items."""
+        return self.model.max_len
+
+    # ------------------------------------------------------------ recommending
+
+    def check_k(self, k: object) -> int:
+        """``k`` if it is an integer in ``1..num_items``; else ``ValueError`` naming it."""
+        if (
+            isinstance(k, bool)
+            or not isinstance(k, int | np.integer)
+            or not 1 <= k <= self.num_items
+        ):
+            raise ValueError(
+                f"k must be an integer in 1..{self.num_items} (the checkpoint's item count), "
+                f"got {k!r}"
+            )
+        return int(k)
+
+    def encode(
+        self, history: Sequence[str | int], position: int = 0
+    ) -> tuple[list[int], tuple[str, ...]]:
+        """(known item indices, oldest first; the raw ids the checkpoint does not know).
+
+        Ids are compared as strings (``1234`` and ``"1234"`` are the same item).
+        Raises ``UnknownItemsError`` when the history is not empty but none is known.
+        """
+        if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+            raise ValueError(
+                f"history {position}: expected a list of item ids, got {type(history).__name__}"
+            )
+        known, unknown = [], []
+        for j, raw in enumerate(history):
+            if isinstance(raw, bool) or not isinstance(raw, str | int | np.integer):
+                raise ValueError(
+                    f"history {position}, item {j}: expected a string or integer item id, "
+                    f"got {raw!r}"
+                )
+            key = str(raw).strip()
+            code = self.index.get(key)
+            if code is None:
+                unknown.append(key)
+            else:
+                known.append(code)
+        if unknown and not known:
+            raise UnknownItemsError(position, unknown)
+        return known, tuple(unknown)
+
+    def recommend(
+        self,
+        histories: Sequence[Sequence[str | int]],
+        k: int = 10,
+        exclude_seen: bool = False,
+        batch_size: int = 256,
+    ) -> list[Recommendation]:
+        """The top ``k`` next items for each history (raw item ids, oldest first).
+
+        - Unknown ids (not in the checkpoint's vocabulary) are skipped and
+          listed in ``Recommendation.unknown``; a non-empty history with no
+          known id raises ``UnknownItemsError`` naming them.
+        - An empty history (a cold user) gets the ``k`` most frequent training
+          items, scored by their smoothed log-probability ``log((n_i + 1) /
+          (N + num_items))``; its confidence is their total probability.
+        - A history longer than ``max_len`` is read through its last
+          ``max_len`` known items (BERT4Rec: ``max_len - 1`` and its mask token,
+          as in training and evaluation);
+          ``exclude_seen`` still excludes every item of the whole history.
+        - ``k`` must be in ``1..num_items``, else ``ValueError`` naming it.
+          With ``exclude_seen`` fewer than ``k`` items are returned only when
+          fewer remain.
+
+        Runs in batches of ``batch_size`` histories, in eval mode, without
+        gradients, on the recommender's device.
+        """
+        k = self.check_k(k)
+        if isinstance(histories, str | bytes) or not isinstance(histories, Sequence):
+            raise ValueError("histories must be a list of histories (lists of item ids)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        out: list[Recommendation] = []
+        for start in range(0, len(histories), batch_size):
+            encoded = [
+                self.encode(h, start + i)
+                for i, h in enumerate(histories[start : start + batch_size])
+            ]
+            out += self.recommend_encoded(encoded, k, exclude_seen)
+        return out
+
+    def recommend_encoded(
+        self, encoded: list[tuple[list[int], tuple[str, ...]]], k: int, exclude_seen: bool
+    ) -> list[Recommendation]:
+        """:meth:`recommend` for histories already mapped by :meth:`encode` (one batch)."""
+        warm = [i for i, (known, _) in enumerate(encoded) if known]
+        results: dict[int, Recommendation] = {}
+        if warm:
+            rows = [encoded[i][0] for i in warm]
+            width = min(max(len(r) for r in rows), self.max_len)
+            ids = torch.zeros(len(rows), width, dtype=torch.long)
+            for r, row in enumerate(rows):
+                tail = row[-width:]
+                ids[r, width - len(tail) :] = torch.tensor(tail)
+            exclude = None
+            if exclude_seen:
+                exclude = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+                for r, row in enumerate(rows):
+                    exclude[r, : len(row)] = torch.tensor(row)
+                exclude = exclude.to(self.device)
+            top, confidence = rank_next(self.model, ids.to(self.device), k, exclude=exclude)
+            scores, items = top.scores.cpu(), top.ids.cpu()
+            confidence = confidence.cpu()
+            for r, i in enumerate(warm):
+                valid = items[r] > 0
+                results[i] = Recommendation(
+                    items=list(self.item_ids[items[r][valid].numpy()]),
+                    scores=scores[r][valid].tolist(),
+                    confidence=float(confidence[r]),
+                    unknown=encoded[i][1],
+                )
+        if len(warm) < len(encoded):
+            cold = self._cold(k)
+            for i in range(len(encoded)):
+                results.setdefault(i, cold)
+        return [results[i] for i in range(len(encoded))]
+
+    def _cold(self, k: int) -> Recommendation:
+        scores, ids = torch.topk(self._prior, k)
+        return Recommendation(
+            items=list(self.item_ids[ids.numpy()]),
+            scores=scores.tolist(),
+            confidence=float(torch.exp(torch.logsumexp(scores.double(), 0)).clamp(max=1.0)),
+            cold=True,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Item count, ``max_len``, backbone class and device, for logs."""
+        return {"items": self.num_items, "max_len": self.max_len,
+                "backbone": type(self.model).__name__, "device": str(self.device)}  # fmt: skip
