@@ -39,7 +39,7 @@ from bft_lightning.models.checkpoint import CheckpointError
 from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
-from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer
+from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer, RelativeAttentionBias
 from bft_lightning.tasks import SequentialRecommendation
 from bft_lightning.tasks.language import LanguageSFT
 
@@ -136,6 +136,8 @@ HYPER = [
     c("hstu_dropout_1", lambda: HSTULayer(16, 2, 8, dropout=1.0), r"dropout must be in \[0, 1\)"),
     c("hstu_q_init_neg", lambda: HSTULayer(16, 2, 8, q_init=-1.0), r"q_init must be"),
     c("hstu_buckets_0", lambda: HSTULayer(16, 2, 8, num_buckets=0), r"num_buckets must be"),
+    c("rab_buckets_0", lambda: RelativeAttentionBias(8, 0), r"num_buckets must be an integer"),
+    c("sasrec_num_items_float", lambda: SASRec(10.5), r"num_items must be an integer >= 1"),
     c("hstu_encoder_layers_0", lambda: HSTUEncoder(HSTULayer(16, 2, 8), 0), r"num_layers must be"),
     # Llama decoder layer
     c("decoder_d_ff_0", lambda: BFTLlamaDecoderLayer(16, 4, d_ff=0),
@@ -530,6 +532,48 @@ def test_bad_lm_folder_is_refused_before_allocating(row, lm_source, tmp_path, mo
     refused(case, inp, tmp_path / "work", monkeypatch)
 
 
+def _tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(28)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+TOKENIZER: list[tuple[str, Callable[[Path], None], str]] = [
+    ("tokenizer_not_json", _write("tokenizer.json", "{"),
+     r"{in}/tokenizer.json: not a readable tokenizer.json"),
+    ("tokenizer_a_list", _write("tokenizer.json", "[]"),
+     r"{in}/tokenizer.json: not a readable tokenizer.json"),
+    ("tokenizer_eos_outside", lambda f: _config(f, eos_token_id=40),
+     r"{in}/tokenizer.json: eos_token_id=40 \(config.json\) is not one of the tokenizer's 32 ids"),
+    ("tokenizer_pad_negative", lambda f: _config(f, pad_token_id=-1),
+     r"{in}/tokenizer.json: pad_token_id=-1 \(config.json\) is not one of"),
+]  # fmt: skip
+
+
+def test_the_small_tokenizer_loads_when_undamaged(lm_source, tmp_path):
+    from bft_lightning.models.checkpoint import load_tokenizer
+
+    _copy(lm_source, tmp_path / "lm")
+    _tokenizer(tmp_path / "lm")
+    tok = load_tokenizer(tmp_path / "lm")
+    assert (tok.bos_id, tok.eos_id) == (1, 2)
+
+
+@pytest.mark.parametrize("row", TOKENIZER, ids=lambda r: r[0])
+def test_bad_tokenizer_is_refused(row, lm_source, tmp_path, monkeypatch):
+    from bft_lightning.models.checkpoint import load_tokenizer
+
+    name, damage, message = row
+    inp = tmp_path / "in"
+    _copy(lm_source, inp)
+    _tokenizer(inp)
+    damage(inp)
+    refused(Case(name, load_tokenizer, message), inp, tmp_path / "work", monkeypatch)
+
+
 def test_the_tables_are_large_enough():
-    names = [x.name for x in HYPER + CONFIG] + [r[0] for r in LM]
+    names = [x.name for x in HYPER + CONFIG] + [r[0] for r in LM + TOKENIZER]
     assert len(names) >= 45 and len(set(names)) == len(names)

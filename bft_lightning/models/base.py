@@ -98,7 +98,8 @@ class SequentialRecommender(nn.Module):
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
-        check_sizes(d_model=d_model, nhead=nhead, num_layers=num_layers, prior_width=prior_width)
+        check_sizes(num_items=num_items, max_len=max_len, d_model=d_model, nhead=nhead,
+                    num_layers=num_layers, prior_width=prior_width)  # fmt: skip
         check_dropout("dropout", dropout)
         check_number("prior_scale", prior_scale, 0.0, low_open=True, optional=True)
         if head == "precision" and precision != "on":  # its temperature would get no gradient

@@ -503,7 +503,10 @@ def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenize
             )
     elif not file.is_file():
         raise CheckpointError(f"tokenizer file {str(file)!r} does not exist")
-    tok = Tokenizer.from_file(str(file))
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception, unlocated
+        raise ValueError(f"{file}: not a readable tokenizer.json ({e})") from e
     config = config or {}
     bos = config.get("bos_token_id")
     eos = config.get("eos_token_id")
@@ -516,4 +519,10 @@ def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenize
         raise ValueError(f"{str(file)!r}: no EOS token found; set eos_token_id in config.json")
     pad = pad if pad is not None else _token_id(tok, ("<pad>", "[PAD]"))
     pad = int(pad if pad is not None else eos)
+    size = tok.get_vocab_size()
+    for name, value in (("bos_token_id", bos), ("eos_token_id", eos), ("pad_token_id", pad)):
+        if value is not None and (not isinstance(value, int) or not 0 <= value < size):
+            raise ValueError(
+                f"{file}: {name}={value!r} (config.json) is not one of the tokenizer's {size} ids"
+            )
     return TextTokenizer(tok, bos, int(eos), pad, segment_tokenizer(tok))

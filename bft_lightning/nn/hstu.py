@@ -113,6 +113,7 @@ class RelativeAttentionBias(nn.Module):
 
     def __init__(self, max_len: int, num_buckets: int = 128) -> None:
         super().__init__()
+        check_sizes(max_len=max_len, num_buckets=num_buckets)
         self.max_len, self.num_buckets = max_len, num_buckets
         self.pos_weight = nn.Parameter(torch.empty(2 * max_len - 1).normal_(0.0, 0.02))
         self.time_weight = nn.Parameter(torch.empty(num_buckets + 1).normal_(0.0, 0.02))
