@@ -113,6 +113,11 @@ HYPER = [
     c("layer_chunk_0", lambda: BFTEncoderLayer(16, 2, attention_chunk=0),
       r"attention_chunk must be an integer >= 1"),
     c("layer_groups_3", lambda: BFTEncoderLayer(16, 2, groups=3), r"groups=3 must be a positive"),
+    c("layer_groups_float", lambda: BFTEncoderLayer(16, 2, groups=2.0),
+      r"groups=2.0 must be a positive divisor of d_model=16"),
+    c("layer_d_model_bool", lambda: BFTEncoderLayer(True, 1), r"d_model must be an integer"),
+    c("layer_dropout_str", lambda: BFTEncoderLayer(16, 2, dropout="0.1"),
+      r"dropout must be in \[0, 1\), got '0.1'"),
     c("layer_precision", lambda: BFTEncoderLayer(16, 2, precision="yes"), r"precision must be"),
     # BFTEncoder
     c("encoder_layers_0", lambda: BFTEncoder(BFTEncoderLayer(16, 2, 32), 0),
@@ -146,6 +151,8 @@ HYPER = [
     c("decoder_heads_3", lambda: BFTLlamaDecoderLayer(16, 3), r"n_heads must divide d_model=16"),
     c("decoder_kv_heads_3", lambda: BFTLlamaDecoderLayer(16, 4, n_kv_heads=3),
       r"n_kv_heads must divide n_heads=4, got n_kv_heads=3"),
+    c("decoder_groups_5", lambda: BFTLlamaDecoderLayer(16, 4, groups=5),
+      r"groups=5 must be a positive divisor of d_model=16"),
     c("decoder_dropout_1", lambda: BFTLlamaDecoderLayer(16, 4, dropout=1.0), r"dropout must be in"),
     c("decoder_q_init_neg", lambda: BFTLlamaDecoderLayer(16, 4, q_init=-0.5), r"q_init must be"),
     c("decoder_eps_neg", lambda: BFTLlamaDecoderLayer(16, 4, rms_norm_eps=-1e-6),
@@ -212,8 +219,6 @@ HYPER = [
     c("seqdm_batch_0", lambda: SequenceDataModule(batch_size=0),
       r"SequenceDataModule: batch_size must be an integer >= 1, got 0"),
     c("seqdm_max_len_0", lambda: SequenceDataModule(max_len=0), r"max_len must be an integer >= 1"),
-    c("seqdm_format", lambda: SequenceDataModule(path="x.txt", format="csv"),
-      r"format must be None \(sniffed\) or one of .*got 'csv'"),
     c("seqdm_seed_neg", lambda: SequenceDataModule(seed=-1), r"seed must be an integer >= 0"),
     c("seqdm_train_rows", lambda: SequenceDataModule(train_rows="items"), r"train_rows must be"),
     c("qadm_noise_rate", lambda: QADataModule(noise_rate=1.5), r"noise_rate must be in \[0, 1\]"),
@@ -462,9 +467,34 @@ LM: list[tuple[str, Callable[[Path], None], str, type[BaseException]]] = [
      r"{in}/bft_options.json: unknown BFT options \['sigma'\]", ValueError),
     ("bft_tensors_nan", lambda f: _bft_tensor(f, _nan),
      r"{in}/bft.safetensors: tensor model.prior.log_tau.weight holds 1 NaN or inf", ValueError),
+    ("bft_tensors_int", lambda f: _bft_tensor(f, lambda t: t.round().to(torch.int32)),
+     r"{in}/bft.safetensors: tensor model.prior.log_tau.weight has dtype torch.int32", ValueError),
+    ("bin_not_a_pickle", lambda f: _to_bin(f, b"not a torch file"),
+     r"{in}/pytorch_model.bin: the weights do not load", ValueError),
+    ("bin_nan", lambda f: _to_bin(f, nan="model.layers.1.mlp.up_proj.weight"),
+     r"{in}/pytorch_model.bin: tensor model.layers.1.mlp.up_proj.weight holds 1 NaN", ValueError),
+    ("bin_vocab_mismatch", lambda f: (_to_bin(f), _config(f, vocab_size=10**12)),
+     r"{in}/config.json: vocab_size=1000000000000 does not match tensor "
+     r"model.embed_tokens.weight of shape \(32, 16\) in pytorch_model.bin", ValueError),
     ("no_config", lambda f: (f / "config.json").unlink(),
      r"has no config.json; found: .*model.safetensors.index.json", CheckpointError),
 ]  # fmt: skip
+
+
+def _to_bin(folder: Path, content: bytes | None = None, nan: str | None = None) -> None:
+    """The same weights as a legacy ``pytorch_model.bin`` (no BFT files, no shards)."""
+    from bft_lightning.models.checkpoint import read_state_dict
+
+    state = read_state_dict(folder)
+    for p in folder.iterdir():
+        if p.name.endswith((".safetensors", ".index.json")) or p.name == "bft_options.json":
+            p.unlink()
+    if nan is not None:
+        state[nan] = _nan(state[nan])
+    if content is not None:
+        (folder / "pytorch_model.bin").write_bytes(content)
+    else:
+        torch.save(state, folder / "pytorch_model.bin")
 
 
 def _config_bft(folder: Path, **changes: object) -> None:
@@ -515,6 +545,17 @@ def test_the_small_llama_loads_when_undamaged(lm_source, tmp_path):
     ids = torch.tensor([[1, 5, 7, 9]])
     assert model.bft.precision == "on" and model.bft_state_loaded
     torch.testing.assert_close(model(ids).logits, again(ids).logits)
+
+
+def test_the_legacy_bin_layout_loads_when_undamaged(lm_source, tmp_path):
+    """The control of the ``pytorch_model.bin`` rows: the same Llama weights load."""
+    _copy(lm_source, tmp_path / "lm")
+    _to_bin(tmp_path / "lm")
+    ids = torch.tensor([[1, 5, 7, 9]])
+    plain = LlamaForCausalLM.from_pretrained(lm_source, BFTOptions())
+    torch.testing.assert_close(
+        LlamaForCausalLM.from_pretrained(tmp_path / "lm")(ids).logits, plain(ids).logits
+    )
 
 
 @pytest.mark.parametrize("row", LM, ids=lambda r: r[0])

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from bft_lightning.utils.resume import ResumableDataLoader
 
 from .cache import load_sequences
-from .readers import FORMATS, kcore_filter
+from .readers import kcore_filter
 from .registry import resolve_dataset
 from .splits import LeaveOneOut, SequenceData, encode, eval_arrays, leave_one_out, train_arrays
 from .synthetic import SyntheticConfig, make_synthetic
@@ -260,11 +260,6 @@ class SequenceDataModule(L.LightningDataModule):
         if train_rows not in ("user", "prefix"):
             raise ValueError(
                 f"SequenceDataModule: train_rows must be 'user' or 'prefix', got {train_rows!r}"
-            )
-        if format is not None and format not in FORMATS:
-            raise ValueError(
-                f"SequenceDataModule: format must be None (sniffed) or one of "
-                f"{sorted(FORMATS)}, got {format!r}"
             )
         for name, value in (("seed", seed), ("synthetic_seed", synthetic_seed)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

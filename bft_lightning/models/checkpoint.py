@@ -383,6 +383,12 @@ def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor
             tensors = load_file(str(file))
         except Exception as e:
             raise ValueError(f"{file}: the BFT tensors do not load ({e})") from e
+        for name, tensor in tensors.items():
+            if not tensor.is_floating_point():
+                raise ValueError(
+                    f"{file}: tensor {name} has dtype {tensor.dtype}; BFT tensors must be "
+                    "floating point"
+                )
         check_finite(tensors, file)
     return options, tensors
 

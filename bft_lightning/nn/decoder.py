@@ -236,7 +236,7 @@ class BFTLlamaDecoderLayer(nn.Module):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         head_dim = d_model // n_heads if head_dim is None else head_dim
         g = n_heads if groups is None else groups
-        if g <= 0 or d_model % g:
+        if not isinstance(g, int) or isinstance(g, bool) or g <= 0 or d_model % g:
             raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.precision, self.groups = precision, g

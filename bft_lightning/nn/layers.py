@@ -50,7 +50,7 @@ def _activation_name(activation: str | Callable[[Tensor], Tensor] | nn.Module) -
 
 def _check_groups(d_model: int, nhead: int, groups: int | None) -> int:
     g = nhead if groups is None else groups
-    if g <= 0 or d_model % g:
+    if not isinstance(g, int) or isinstance(g, bool) or g <= 0 or d_model % g:
         raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
     return g
 
