@@ -229,6 +229,8 @@ HYPER = [
       r"val_groups must be in \[0, 1\), got 1.5"),
     c("qadm_test_groups_neg", lambda: QADataModule(test_groups=-2),
       r"test_groups must be an integer >= 0"),
+    c("qadm_answer_tokens_neg", lambda: QADataModule(max_answer_tokens=-1),
+      r"max_answer_tokens must be an integer >= 0, got -1"),
     c("qadm_batch_0", lambda: QADataModule(batch_size=0), r"batch_size must be an integer >= 1"),
     c("qadm_max_train_0", lambda: QADataModule(max_train_examples=0),
       r"max_train_examples must be an integer >= 1 or None, got 0"),

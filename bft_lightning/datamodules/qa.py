@@ -699,8 +699,8 @@ class QADataModule(L.LightningDataModule):
             )
         check_number("noise_rate", noise_rate, 0.0, 1.0)
         check_sizes(tokenizer_vocab_size=tokenizer_vocab_size, max_length=max_length,
-                    max_answer_tokens=max_answer_tokens, batch_size=batch_size,
-                    eval_batch_size=eval_batch_size)  # fmt: skip
+                    batch_size=batch_size, eval_batch_size=eval_batch_size)  # fmt: skip
+        check_int("max_answer_tokens", max_answer_tokens, low=0)  # 0: every answer left out
         for name, cap in (("max_passage_tokens", max_passage_tokens),
                           ("max_train_examples", max_train_examples),
                           ("max_eval_examples", max_eval_examples)):  # fmt: skip
