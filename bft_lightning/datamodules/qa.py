@@ -62,6 +62,7 @@ from torch.utils.data import DataLoader
 
 from bft_lightning.datamodules.cache import file_sha256
 from bft_lightning.models.checkpoint import TextTokenizer, load_tokenizer
+from bft_lightning.nn.checks import check_int, check_number, check_sizes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATASETS: dict[str, tuple[str, ...]] = {
@@ -696,8 +697,22 @@ class QADataModule(L.LightningDataModule):
             raise ValueError(
                 f"distractor_source must be one of {DISTRACTOR_SOURCES}, got {distractor_source!r}"
             )
-        if not 0.0 <= noise_rate <= 1.0:
-            raise ValueError(f"noise_rate must be in [0, 1], got {noise_rate}")
+        check_number("noise_rate", noise_rate, 0.0, 1.0)
+        check_sizes(tokenizer_vocab_size=tokenizer_vocab_size, max_length=max_length,
+                    batch_size=batch_size, eval_batch_size=eval_batch_size)  # fmt: skip
+        check_int("max_answer_tokens", max_answer_tokens, low=0)  # 0: every answer left out
+        for name, cap in (("max_passage_tokens", max_passage_tokens),
+                          ("max_train_examples", max_train_examples),
+                          ("max_eval_examples", max_eval_examples)):  # fmt: skip
+            check_int(name, cap, optional=True)
+        for name, count in (("num_distractors", num_distractors), ("num_workers", num_workers),
+                            ("seed", seed), ("split_seed", split_seed)):  # fmt: skip
+            check_int(name, count, low=0)
+        for name, held in (("val_groups", val_groups), ("test_groups", test_groups)):
+            if isinstance(held, float):
+                check_number(name, held, 0.0, 1.0, high_open=True)
+            else:
+                check_int(name, held, low=0)
         self.save_hyperparameters()
         self.dataset, self.files, self.data_root = dataset, files, data_root
         self.tokenizer_path, self.tokenizer_vocab_size = tokenizer_path, tokenizer_vocab_size
@@ -954,6 +969,9 @@ class QAPretrainDataModule(QADataModule):
         self, seq_len: int = 256, train_fraction: float = 0.9, qa_pairs: bool = False,
         cloze_per_passage: int = 0, **kwargs: Any,
     ) -> None:  # fmt: skip
+        check_int("seq_len", seq_len, low=2)  # a chunk predicts its tokens after the first
+        check_number("train_fraction", train_fraction, 0.0, 1.0, low_open=True)
+        check_int("cloze_per_passage", cloze_per_passage, low=0)
         super().__init__(**kwargs)
         self.seq_len, self.train_fraction, self.qa_pairs = seq_len, train_fraction, qa_pairs
         self.cloze_per_passage = cloze_per_passage

@@ -277,6 +277,11 @@ class SequenceDataModule(L.LightningDataModule):
             raise ValueError(
                 f"SequenceDataModule: train_rows must be 'user' or 'prefix', got {train_rows!r}"
             )
+        for name, value in (("seed", seed), ("synthetic_seed", synthetic_seed)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"SequenceDataModule: {name} must be an integer >= 0, got {value!r}"
+                )
         self.save_hyperparameters()
         self.train_rows = train_rows
         self.dataset, self.data_root, self.path, self.format = dataset, data_root, path, format

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
+from bft_lightning.nn.checks import check_dropout, check_number, check_sizes
 from bft_lightning.nn.prior import PRIOR_INITS
 
 PRIOR_KINDS = ("table", "mlp")
@@ -97,6 +98,10 @@ class SequentialRecommender(nn.Module):
     ) -> None:
         super().__init__()
         _check_options(num_items, max_len, prior, prior_init, head)
+        check_sizes(num_items=num_items, max_len=max_len, d_model=d_model, nhead=nhead,
+                    num_layers=num_layers, prior_width=prior_width)  # fmt: skip
+        check_dropout("dropout", dropout)
+        check_number("prior_scale", prior_scale, 0.0, low_open=True, optional=True)
         if head == "precision" and precision != "on":  # its temperature would get no gradient
             raise ValueError("head='precision' reads the final precision: it needs precision='on'")
         if positions not in ("from_end", "from_start"):

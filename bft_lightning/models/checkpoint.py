@@ -75,8 +75,32 @@ def read_config(directory: str | Path) -> dict:
             "checkpoint needs config.json, model*.safetensors and tokenizer.json."
             + (" If an export into it was interrupted, write it again." if interrupted else "")
         )
-    with file.open(encoding="utf-8") as f:
-        return json.load(f)
+    config = _read_json(file)
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _read_json(file: Path) -> object:
+    try:
+        with file.open(encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: not valid JSON ({e})") from e
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a shard index, checked: tensor names to file names."""
+    data = _read_json(index)
+    weight_map = data.get("weight_map", {}) if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise ValueError(f"{index}: weight_map must be a JSON object of tensor name -> file name")
+    bad = [v for v in weight_map.values() if Path(v).name != v]
+    if bad:
+        raise ValueError(f"{index}: weight_map names files outside the folder: {bad[:4]}")
+    return weight_map
 
 
 def weight_files(directory: str | Path) -> list[Path]:
@@ -85,8 +109,7 @@ def weight_files(directory: str | Path) -> list[Path]:
     for index_name, single in ((SAFETENSORS_INDEX, SAFETENSORS_FILE), (TORCH_INDEX, TORCH_FILE)):
         index = path / index_name
         if index.is_file():
-            with index.open(encoding="utf-8") as f:
-                weight_map = json.load(f).get("weight_map", {})
+            weight_map = _weight_map(index)
             names = list(dict.fromkeys(weight_map.values()))
             missing = [n for n in names if not (path / n).is_file()]
             if missing or not names:
@@ -108,19 +131,101 @@ def weight_files(directory: str | Path) -> list[Path]:
 
 def read_state_dict(directory: str | Path, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
     """All tensors of a checkpoint's weight files, optionally cast to ``dtype``."""
-    out: dict[str, Tensor] = {}
-    for file in weight_files(directory):
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    return read_weights(directory, dtype)[0]
 
-            part = load_file(str(file))
-        else:
-            part = torch.load(file, map_location="cpu", weights_only=True)
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A stored tensor's shape, dtype (``torch.dtype`` or a safetensors code) and file."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    file: Path
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in _FLOAT_DTYPES
+
+
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"} | {
+    str(d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
+
+
+def _index_of(path: Path) -> Path | None:
+    for name in (SAFETENSORS_INDEX, TORCH_INDEX):
+        if (path / name).is_file():
+            return path / name
+    return None
+
+
+def tensor_headers(directory: str | Path) -> dict[str, TensorInfo] | None:
+    """Every stored tensor's shape and dtype, read from the safetensors headers only
+    (nothing is loaded or allocated); None for ``pytorch_model.bin`` weights, whose
+    shapes are known only once loaded.
+
+    Raises, naming the file, on a header that does not parse or a file shorter
+    than its header says (a truncated shard), and, naming the index, on a tensor
+    the index places in a shard that does not hold it.
+    """
+    path = _require_dir(directory)
+    files = weight_files(path)
+    if any(f.suffix != ".safetensors" for f in files):
+        return None
+    from safetensors import safe_open
+
+    out: dict[str, TensorInfo] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    part = f.get_slice(name)
+                    out[name] = TensorInfo(tuple(part.get_shape()), part.get_dtype(), file)
+        except Exception as e:  # safetensors raises its own error types, unlocated
+            raise ValueError(f"{file}: not a readable safetensors file ({e})") from e
+    index = _index_of(path)
+    if index is not None:
+        for name, shard in _weight_map(index).items():
+            if name not in out or out[name].file.name != shard:
+                where = f"it is in {out[name].file.name}" if name in out else "no shard holds it"
+                raise ValueError(f"{index}: places tensor {name} in {shard}, but {where}")
+    return out
+
+
+def read_weights(
+    directory: str | Path, dtype: torch.dtype | None = None
+) -> tuple[dict[str, Tensor], dict[str, Path]]:
+    """All tensors of a checkpoint's weight files (floating ones cast to ``dtype``)
+    and the file each came from. A file that does not load is an error naming it."""
+    out: dict[str, Tensor] = {}
+    source: dict[str, Path] = {}
+    for file in weight_files(directory):
+        try:
+            if file.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                part = load_file(str(file))
+            else:
+                part = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated, malformed or unsafe: name the file
+            raise ValueError(f"{file}: the weights do not load ({e})") from e
+        if not isinstance(part, dict) or not all(isinstance(t, Tensor) for t in part.values()):
+            raise ValueError(f"{file}: expected a mapping of tensor names to tensors")
         for name, tensor in part.items():
             out[name] = (
                 tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
             )
-    return out
+            source[name] = file
+    return out, source
+
+
+def check_finite(tensors: dict[str, Tensor], source: dict[str, Path] | Path) -> None:
+    """Raise, naming the tensor and its file, where a floating tensor holds NaN or inf."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            file = source if isinstance(source, Path) else source.get(name, "?")
+            n = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{file}: tensor {name} holds {n} NaN or inf values")
 
 
 def write_checkpoint(
@@ -261,8 +366,11 @@ def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor
         from safetensors import safe_open
         from safetensors.torch import load_file
 
-        with safe_open(str(file), framework="pt") as f:
-            recorded = (f.metadata() or {}).get("llama_fingerprint")
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                recorded = (f.metadata() or {}).get("llama_fingerprint")
+        except Exception as e:
+            raise ValueError(f"{file}: not a readable safetensors file ({e})") from e
         if recorded != llama_fingerprint(path):
             warnings.warn(
                 f"{file} and {path / BFT_OPTIONS_FILE} were written with other Llama files "
@@ -271,7 +379,17 @@ def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor
                 stacklevel=3,
             )
             return None, {}
-        tensors = load_file(str(file))
+        try:
+            tensors = load_file(str(file))
+        except Exception as e:
+            raise ValueError(f"{file}: the BFT tensors do not load ({e})") from e
+        for name, tensor in tensors.items():
+            if not tensor.is_floating_point():
+                raise ValueError(
+                    f"{file}: tensor {name} has dtype {tensor.dtype}; BFT tensors must be "
+                    "floating point"
+                )
+        check_finite(tensors, file)
     return options, tensors
 
 
@@ -391,7 +509,10 @@ def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenize
             )
     elif not file.is_file():
         raise CheckpointError(f"tokenizer file {str(file)!r} does not exist")
-    tok = Tokenizer.from_file(str(file))
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception, unlocated
+        raise ValueError(f"{file}: not a readable tokenizer.json ({e})") from e
     config = config or {}
     bos = config.get("bos_token_id")
     eos = config.get("eos_token_id")
@@ -404,4 +525,10 @@ def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenize
         raise ValueError(f"{str(file)!r}: no EOS token found; set eos_token_id in config.json")
     pad = pad if pad is not None else _token_id(tok, ("<pad>", "[PAD]"))
     pad = int(pad if pad is not None else eos)
+    size = tok.get_vocab_size()
+    for name, value in (("bos_token_id", bos), ("eos_token_id", eos), ("pad_token_id", pad)):
+        if value is not None and (not isinstance(value, int) or not 0 <= value < size):
+            raise ValueError(
+                f"{file}: {name}={value!r} (config.json) is not one of the tokenizer's {size} ids"
+            )
     return TextTokenizer(tok, bos, int(eos), pad, segment_tokenizer(tok))

@@ -23,6 +23,7 @@ Precision (``precision="on"``):
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -35,6 +36,13 @@ from torch.utils.checkpoint import checkpoint
 from bft_lightning.models import checkpoint as ckpt
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
+from bft_lightning.nn.checks import (
+    check_choice,
+    check_filter_options,
+    check_int,
+    check_number,
+    check_sizes,
+)
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer, LayerCache, RMSNorm
 from bft_lightning.nn.prior import PrecisionPrior
 from bft_lightning.nn.stats import FilterStats, find_filter_layers
@@ -47,6 +55,103 @@ _BFT_KEYS = (".rho", ".sill", "model.prior.", ".attn_gate.")
 def is_bft_key(name: str) -> bool:
     """Whether a state-dict entry belongs to BFT (prior, ``rho``, sill, gate), not to Llama."""
     return any(s in name for s in _BFT_KEYS)
+
+
+def llama_tensor_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every Llama tensor (no BFT ones) that ``cfg`` implies, by state-dict
+    name, computed from the sizes alone (nothing is built); no ``lm_head`` when tied."""
+    d, f, hd = cfg.hidden_size, cfg.intermediate_size, int(cfg.head_dim or 0)
+    q, kv = cfg.num_attention_heads * hd, int(cfg.num_key_value_heads or 0) * hd
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, d)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (d,)
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            out[f"{p}self_attn.{name}_proj.weight"] = (rows, d)
+            if cfg.attention_bias:
+                out[f"{p}self_attn.{name}_proj.bias"] = (rows,)
+        out[p + "self_attn.o_proj.weight"] = (d, q)
+        if cfg.attention_bias:
+            out[p + "self_attn.o_proj.bias"] = (d,)
+        out[p + "post_attention_layernorm.weight"] = (d,)
+        for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+            out[f"{p}mlp.{name}_proj.weight"] = shape
+            if cfg.mlp_bias:
+                out[f"{p}mlp.{name}_proj.bias"] = shape[:1]
+    out["model.norm.weight"] = (d,)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, d)
+    return out
+
+
+def check_llama_tensors(
+    cfg: LlamaConfig, stored: dict[str, ckpt.TensorInfo], config_file: Path
+) -> None:
+    """Check a checkpoint's stored tensors against the sizes of its ``config.json``.
+
+    Reads shapes and dtypes only, so it runs before anything is allocated: the
+    layer count first (``num_hidden_layers`` named), then every expected tensor
+    present and no other (their names), each of the shape the config implies
+    (the mismatching field named, with its value) and of a floating dtype.
+    """
+    stored = {k: v for k, v in stored.items() if not k.endswith("rotary_emb.inv_freq")}
+    if cfg.tie_word_embeddings:
+        stored = {k: v for k, v in stored.items() if k != "lm_head.weight"}
+    folder = config_file.parent
+    layer = re.compile(r"model\.layers\.(\d+)\.")
+    stored_layers = {int(m.group(1)) for k in stored if (m := layer.match(k))}
+    if len(stored_layers) != cfg.num_hidden_layers:
+        raise ValueError(
+            f"{config_file}: num_hidden_layers={cfg.num_hidden_layers} does not match the "
+            f"weights in {folder}, which hold {len(stored_layers)} layers"
+        )
+    own = llama_tensor_shapes(cfg)
+    missing = [k for k in own if k not in stored]
+    unexpected = sorted(k for k in stored if k not in own)
+    if missing or unexpected:
+        raise ValueError(
+            f"{folder}: the weights do not match {config_file.name}: missing tensors "
+            f"{missing[:6]}{' ...' if len(missing) > 6 else ''}, unexpected "
+            f"{unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}"
+        )
+    for name, shape in own.items():
+        info = stored[name]
+        if info.shape != shape:
+            dims = _shape_fields(name, cfg)
+            i = next((j for j, (a, b) in enumerate(zip(shape, info.shape)) if a != b), len(dims))
+            field_ = dims[i] if i < len(dims) else "the sizes"
+            raise ValueError(
+                f"{config_file}: {field_} does not match tensor {name} of shape "
+                f"{info.shape} in {info.file.name} (the config implies {shape}); "
+                "nothing was allocated"
+            )
+        if not info.is_float:
+            raise ValueError(
+                f"{info.file}: tensor {name} has dtype {info.dtype}; Llama weights must "
+                "be floating point"
+            )
+
+
+def _shape_fields(name: str, cfg: LlamaConfig) -> tuple[str, ...]:
+    """The ``config.json`` fields that set each dimension of a Llama tensor, with values."""
+    d = f"hidden_size={cfg.hidden_size}"
+    q = f"num_attention_heads x head_dim={cfg.num_attention_heads} x {cfg.head_dim}"
+    kv = f"num_key_value_heads x head_dim={cfg.num_key_value_heads} x {cfg.head_dim}"
+    f = f"intermediate_size={cfg.intermediate_size}"
+    table = {
+        "embed_tokens.weight": (f"vocab_size={cfg.vocab_size}", d),
+        "lm_head.weight": (f"vocab_size={cfg.vocab_size}", d),
+        "q_proj.weight": (q, d), "q_proj.bias": (q,),
+        "k_proj.weight": (kv, d), "k_proj.bias": (kv,),
+        "v_proj.weight": (kv, d), "v_proj.bias": (kv,),
+        "o_proj.weight": (d, q), "o_proj.bias": (d,),
+        "gate_proj.weight": (f, d), "up_proj.weight": (f, d), "down_proj.weight": (d, f),
+        "gate_proj.bias": (f,), "up_proj.bias": (f,), "down_proj.bias": (d,),
+    }  # fmt: skip
+    for suffix, dims in table.items():
+        if name.endswith(suffix):
+            return dims
+    return (d,)  # the norms
 
 
 @dataclass
@@ -92,6 +197,25 @@ class LlamaConfig:
     pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        check_sizes(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            max_position_embeddings=self.max_position_embeddings,
+        )  # fmt: skip
+        check_int("num_key_value_heads", self.num_key_value_heads, optional=True)
+        check_int("head_dim", self.head_dim, optional=True)
+        check_number("rms_norm_eps", self.rms_norm_eps, 0.0, low_open=True)
+        check_number("rope_theta", self.rope_theta, 0.0, low_open=True)
+        check_number("initializer_range", self.initializer_range, 0.0)
+        for name in ("bos_token_id", "eos_token_id"):  # pad: some configs write -1
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value < self.vocab_size):  # fmt: skip
+                raise ValueError(
+                    f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), "
+                    f"got {value!r}"
+                )
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
@@ -102,8 +226,8 @@ class LlamaConfig:
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError(
-                    f"hidden_size={self.hidden_size} must be divisible by "
-                    f"num_attention_heads={self.num_attention_heads}"
+                    f"num_attention_heads must divide hidden_size={self.hidden_size}, "
+                    f"got num_attention_heads={self.num_attention_heads}"
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.head_dim % 2:
@@ -180,6 +304,15 @@ class BFTOptions:
     dropout: float = 0.0
     attention_impl: str = "chunked"
     attention_chunk: int = 256
+
+    def __post_init__(self) -> None:
+        check_choice("precision", self.precision, ("off", "on"))
+        check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
+        check_choice("attention_impl", self.attention_impl, ("chunked", "sdpa", "reference"))
+        check_int("groups", self.groups, optional=True)
+        check_sizes(prior_width=self.prior_width, attention_chunk=self.attention_chunk)
+        check_number("prior_scale", self.prior_scale, 0.0, low_open=True, optional=True)
+        check_filter_options(self.dropout, self.q_init, self.nu0, self.sill_momentum, 1.0)
 
 
 @dataclass
@@ -462,17 +595,32 @@ class LlamaForCausalLM(nn.Module):
         does this on its first batch, unless :attr:`bft_state_loaded`: every BFT
         tensor came from the directory).
         """
-        config = LlamaConfig.from_hf(ckpt.read_config(directory))
+        config_file = Path(directory).expanduser() / ckpt.CONFIG_FILE
+        raw = ckpt.read_config(directory)
+        try:
+            config = LlamaConfig.from_hf(raw)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{config_file}: {e}") from e
         saved_options, saved_state = ckpt.read_bft_state(directory)
         if bft is None and saved_options is not None:
+            options_file = Path(directory) / ckpt.BFT_OPTIONS_FILE
             known = {f.name for f in fields(BFTOptions)}
             unknown = sorted(set(saved_options) - known)
             if unknown:
-                raise ValueError(
-                    f"{Path(directory) / ckpt.BFT_OPTIONS_FILE}: unknown BFT options {unknown}"
-                )
-            bft = BFTOptions(**saved_options)
-        state = ckpt.read_state_dict(directory, dtype)
+                raise ValueError(f"{options_file}: unknown BFT options {unknown}")
+            try:
+                bft = BFTOptions(**saved_options)
+            except ValueError as e:
+                raise ValueError(f"{options_file}: {e}") from e
+        headers = ckpt.tensor_headers(directory)
+        if headers is not None:  # safetensors: checked before any tensor is read
+            check_llama_tensors(config, headers, config_file)
+        state, source = ckpt.read_weights(directory, dtype)
+        if headers is None:  # pytorch_model.bin: the shapes are known once loaded
+            infos = {k: ckpt.TensorInfo(tuple(v.shape), str(v.dtype), source[k])
+                     for k, v in state.items()}  # fmt: skip
+            check_llama_tensors(config, infos, config_file)
+        ckpt.check_finite(state, source)
         with torch.device("meta"):
             model = cls(config, bft)
         model = model.to_empty(device="cpu")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bft_lightning.nn.checks import check_dropout, check_heads, check_int
 from bft_lightning.nn.chunked import chunked_attention, masked_value
 from bft_lightning.nn.functional import upcast
 
@@ -193,14 +194,14 @@ class KrigingAttention(nn.Module):
         chunk_size: int = 256,
     ) -> None:
         super().__init__()
-        if d_model % nhead:
-            raise ValueError(f"d_model={d_model} must be divisible by nhead={nhead}")
+        check_int("d_model", d_model)
+        check_heads(d_model, nhead)
+        check_dropout("dropout", dropout)
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        check_int("attention_chunk", chunk_size)
         self.d_model, self.nhead, self.dropout, self.impl = d_model, nhead, dropout, impl
         self.chunk_size = chunk_size
         self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
 from bft_lightning.nn.attention import KrigingStats, attend, build_allowed
+from bft_lightning.nn.checks import check_dropout, check_filter_options, check_heads, check_sizes
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
@@ -118,10 +119,9 @@ class LlamaAttention(nn.Module):
         chunk_size: int = 256,
     ) -> None:
         super().__init__()
-        if chunk_size < 1:
-            raise ValueError(f"attention_chunk must be >= 1, got {chunk_size}")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        check_sizes(d_model=d_model, n_heads=n_heads, head_dim=head_dim, attention_chunk=chunk_size)
+        check_heads(n_heads, n_kv_heads, name="n_kv_heads", width="n_heads")
+        check_dropout("dropout", dropout)
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
         if impl not in ATTENTION_IMPLS:
@@ -229,10 +229,14 @@ class BFTLlamaDecoderLayer(nn.Module):
         super().__init__()
         if precision not in PRECISION_MODES:
             raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
+        check_sizes(d_model=d_model, n_heads=n_heads, d_ff=d_ff)
+        if head_dim is None:
+            check_heads(d_model, n_heads, name="n_heads")
+        check_filter_options(dropout, q_init, nu0, sill_momentum, rms_norm_eps, "rms_norm_eps")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         head_dim = d_model // n_heads if head_dim is None else head_dim
         g = n_heads if groups is None else groups
-        if g <= 0 or d_model % g:
+        if not isinstance(g, int) or isinstance(g, bool) or g <= 0 or d_model % g:
             raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.precision, self.groups = precision, g

@@ -59,6 +59,7 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn.attention import build_allowed
+from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
 from bft_lightning.nn.layers import (
     PRECISION_MODES,
     BFTEncoderLayer,
@@ -112,6 +113,7 @@ class RelativeAttentionBias(nn.Module):
 
     def __init__(self, max_len: int, num_buckets: int = 128) -> None:
         super().__init__()
+        check_sizes(max_len=max_len, num_buckets=num_buckets)
         self.max_len, self.num_buckets = max_len, num_buckets
         self.pos_weight = nn.Parameter(torch.empty(2 * max_len - 1).normal_(0.0, 0.02))
         self.time_weight = nn.Parameter(torch.empty(num_buckets + 1).normal_(0.0, 0.02))
@@ -173,8 +175,13 @@ class HSTULayer(nn.Module):
         super().__init__()
         if precision not in PRECISION_MODES:
             raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
-        if d_model % nhead and (linear_dim is None or attention_dim is None):
-            raise ValueError(f"d_model={d_model} must be divisible by nhead={nhead}")
+        check_sizes(d_model=d_model, max_len=max_len, num_buckets=num_buckets)
+        check_int("nhead", nhead)
+        check_int("linear_dim", linear_dim, optional=True)
+        check_int("attention_dim", attention_dim, optional=True)
+        if linear_dim is None or attention_dim is None:
+            check_heads(d_model, nhead)
+        check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
         self.d_model, self.nhead, self.max_len, self.precision = d_model, nhead, max_len, precision
         self.groups = _check_groups(d_model, nhead, groups)
         self.dv = linear_dim or d_model // nhead
@@ -354,8 +361,7 @@ class HSTUEncoder(nn.Module):
 
     def __init__(self, layer: HSTULayer, num_layers: int) -> None:
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        check_int("num_layers", num_layers)
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.num_layers = num_layers
         self.precision = layer.precision

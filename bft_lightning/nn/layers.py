@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn.attention import KrigingAttention, KrigingStats, build_allowed
+from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
@@ -49,7 +50,7 @@ def _activation_name(activation: str | Callable[[Tensor], Tensor] | nn.Module) -
 
 def _check_groups(d_model: int, nhead: int, groups: int | None) -> int:
     g = nhead if groups is None else groups
-    if g <= 0 or d_model % g:
+    if not isinstance(g, int) or isinstance(g, bool) or g <= 0 or d_model % g:
         raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
     return g
 
@@ -140,6 +141,11 @@ class BFTEncoderLayer(nn.Module):
             raise ValueError("BFTEncoderLayer supports batch_first=True only (inputs (B, T, d))")
         if not norm_first:
             raise ValueError("BFTEncoderLayer supports norm_first=True only (pre-norm)")
+        check_sizes(
+            d_model=d_model, dim_feedforward=dim_feedforward, attention_chunk=attention_chunk
+        )
+        check_heads(d_model, nhead)
+        check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
         if precision not in PRECISION_MODES:
             raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
         if gain not in GAIN_MODES:
@@ -351,8 +357,7 @@ class BFTEncoder(nn.Module):
         self, encoder_layer: BFTEncoderLayer, num_layers: int, norm: nn.Module | None = None
     ) -> None:
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        check_int("num_layers", num_layers)
         self.layers = nn.ModuleList(copy.deepcopy(encoder_layer) for _ in range(num_layers))
         self.num_layers = num_layers
         self.norm = norm

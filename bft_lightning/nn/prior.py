@@ -14,6 +14,7 @@ from typing import Self
 import torch
 from torch import Tensor, nn
 
+from bft_lightning.nn.checks import check_sizes
 from bft_lightning.nn.functional import LOG_PREC_MAX, LOG_PREC_MIN, keep_float32_, upcast
 
 PRIOR_INITS = ("constant", "frequency", "frequency_shuffled", "frequency_inverse")
@@ -61,8 +62,14 @@ class PrecisionPrior(nn.Module):
         super().__init__()
         if init not in PRIOR_INITS:
             raise ValueError(f"prior init must be one of {PRIOR_INITS}, got {init!r}")
-        if scale <= 0 or not math.isfinite(scale):
+        if not isinstance(scale, int | float) or scale <= 0 or not math.isfinite(scale):
             raise ValueError(f"prior scale c must be positive and finite, got {scale}")
+        check_sizes(num_embeddings=num_embeddings, width=width)
+        if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
+            raise ValueError(
+                f"padding_idx must be None or in [0, num_embeddings={num_embeddings}), "
+                f"got {padding_idx!r}"
+            )
         self.padding_idx, self.width = padding_idx, width
         self.log_tau = nn.Embedding(num_embeddings, width)
         self.reset(init, scale, counts)
@@ -106,8 +113,9 @@ class MLPPrecisionPrior(nn.Module):
 
     def __init__(self, d_model: int, width: int = 1, hidden: int = 64, scale: float = 1.0) -> None:
         super().__init__()
-        if scale <= 0 or not math.isfinite(scale):
+        if not isinstance(scale, int | float) or scale <= 0 or not math.isfinite(scale):
             raise ValueError(f"prior scale c must be positive and finite, got {scale}")
+        check_sizes(d_model=d_model, width=width, hidden=hidden)
         self.width, self.log_c = width, math.log(scale)
         last = nn.Linear(hidden, width)
         nn.init.zeros_(last.weight)

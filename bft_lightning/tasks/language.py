@@ -32,6 +32,7 @@ from bft_lightning.models.llama import (
     LlamaForCausalLM,
     calibrate_precision,
 )
+from bft_lightning.nn.checks import check_int, check_number
 from bft_lightning.nn.stats import paused_recording
 from bft_lightning.tasks.optim import configure_adamw
 
@@ -115,6 +116,13 @@ class LanguageSFT(L.LightningModule):
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
         if config is None and checkpoint_dir is None:
             raise ValueError("give a model config (from scratch) or a checkpoint_dir")
+        check_number("focal_gamma", focal_gamma, 0.0)
+        for name, value in (("lr", lr), ("weight_decay", weight_decay),
+                            ("prior_lr_scale", prior_lr_scale)):  # fmt: skip
+            check_number(name, value, 0.0)
+        check_int("warmup_steps", warmup_steps, low=0)
+        check_int("max_new_tokens", max_new_tokens)
+        check_number("target_gain", target_gain, 0.0, 1.0, low_open=True, high_open=True)
         if isinstance(config, dict):  # from hparams of a saved checkpoint
             config = LlamaConfig(**config)
         if isinstance(bft, dict):

@@ -194,6 +194,8 @@ class SequentialRecommendation(L.LightningModule):
         _check_options(num_items=num_items, max_len=max_len, num_negatives=num_negatives,
                        temperature=temperature, lr=lr, weight_decay=weight_decay,
                        prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
+        if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
+            raise ValueError(f"ks must be a non-empty list of integers >= 1, got {ks!r}")
         self.save_hyperparameters(ignore=["backbone"])
         self.model = backbone(num_items, max_len)
         self.backbone_spec = backbone_spec(backbone, type(self.model))

@@ -179,7 +179,7 @@ def test_off_twin_with_chunked_uses_fused_kernel_and_matches():
 
 
 def test_chunk_size_validated():
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(ValueError, match="attention_chunk"):
         BFTEncoderLayer(8, 2, 16, attention_impl="chunked", attention_chunk=0)
     with pytest.raises(ValueError, match="impl"):
         BFTEncoderLayer(8, 2, 16, attention_impl="flash")
