@@ -48,6 +48,7 @@ from .readers import kcore_filter
 from .registry import resolve_dataset
 from .splits import LeaveOneOut, SequenceData, encode, eval_arrays, leave_one_out, train_arrays
 from .synthetic import SyntheticConfig, make_synthetic
+from .windows import PrefixRows
 
 __all__ = [
     "ArrayDataset",
@@ -216,7 +217,9 @@ class SequenceDataModule(L.LightningDataModule):
             :func:`~.splits.train_arrays`). The same targets either way (prefix
             rows also keep those a ``max_len`` window cuts from long
             histories), but ``"prefix"`` takes about ``mean history length / 2``
-            times the rows' memory and encoder compute per epoch. BERT4Rec's
+            times the encoder compute per epoch; its rows are cut per batch
+            (:class:`~.windows.PrefixRows`), so their memory stays that of
+            the interactions. BERT4Rec's
             cloze objective masks items anywhere in a row, so for it prefix
             rows only repeat (augment) the data.
         synthetic_users: users of the synthetic dataset.
@@ -275,7 +278,7 @@ class SequenceDataModule(L.LightningDataModule):
         )
         self._data: SequenceData | None = None
         self._split: LeaveOneOut | None = None
-        self._datasets: dict[str, ArrayDataset] = {}
+        self._datasets: dict[str, ArrayDataset | PrefixRows] = {}
 
     # ------------------------------------------------------------ loading
 
@@ -328,15 +331,16 @@ class SequenceDataModule(L.LightningDataModule):
         for name in wanted.get(stage or "", ("train", "val", "test")):
             self._dataset(name)
 
-    def _dataset(self, name: str) -> ArrayDataset:
+    def _dataset(self, name: str) -> ArrayDataset | PrefixRows:
         """The ``train`` / ``val`` / ``test`` dataset, built on first use."""
         if name not in self._datasets:
             data, split = self._ensure()
-            if name == "train":
-                arrays = train_arrays(data, split, self.max_len, self.train_rows)
+            if name == "train" and self.train_rows == "prefix":  # windows cut per batch
+                self._datasets[name] = PrefixRows(data, split, self.max_len)
+            elif name == "train":
+                self._datasets[name] = ArrayDataset(train_arrays(data, split, self.max_len))
             else:
-                arrays = eval_arrays(data, split, self.max_len, name)
-            self._datasets[name] = ArrayDataset(arrays)
+                self._datasets[name] = ArrayDataset(eval_arrays(data, split, self.max_len, name))
         return self._datasets[name]
 
     # ------------------------------------------------------------ properties
@@ -405,7 +409,10 @@ class SequenceDataModule(L.LightningDataModule):
         dataset = self._dataset(name)
         loader_class: type[DataLoader] = DataLoader
         if shuffle:
-            lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
+            if isinstance(dataset, PrefixRows):
+                lengths = dataset.row_lengths()
+            else:
+                lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
             world, rank = self._replicas()
             sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
             kwargs["sampler"] = sampler_class(
