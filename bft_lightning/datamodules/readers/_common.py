@@ -171,7 +171,8 @@ def lines(path: Path, check_end: bool = True) -> Iterator[tuple[int, str]]:
         except (OSError, EOFError) as err:
             raise ValueError(f"{path}: cannot read file ({err})") from err
         except UnicodeDecodeError as err:
-            raise ValueError(f"{path}: cannot read file (not UTF-8 text: {err})") from err
+            lineno, byte = _first_bad_utf8(path)
+            raise bad(path, lineno, f"cannot read file: not UTF-8 text (byte {byte:#04x})") from err
     if check_end and last is not None and not last[1]:
         raise bad(
             path,
@@ -189,6 +190,18 @@ def first_line(path: Path) -> str | None:
     finally:
         it.close()
     return None if first is None else first[1]
+
+
+def _first_bad_utf8(path: Path) -> tuple[int, int]:
+    """``(line, byte)`` of the first invalid UTF-8 sequence (only called on a decode error)."""
+    opener = gzip.open if is_gzip(path) else open
+    with opener(path, "rb") as fh:  # type: ignore[operator]
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return lineno, raw[err.start]
+    return lineno, 0
 
 
 def nonempty(log: InteractionLog) -> InteractionLog:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -102,12 +103,15 @@ def read_json(path: str | Path) -> InteractionLog:
     text = decode(path, read_bytes(path))
     if not text.strip():
         raise ValueError(f"{path}: empty file (no interactions)")
+    long_number = re.search(rf"\d{{{MAX_ID_CHARS + 1},}}", text)
+    if long_number is not None:  # json's int() would fail bare beyond 4300 digits
+        lineno = text.count("\n", 0, long_number.start()) + 1
+        size = len(long_number.group())
+        raise bad(path, lineno, f"a number of {size} digits (ids have at most {MAX_ID_CHARS})")
     try:  # pairs, not a dict: a repeated key must not silently replace the first
         obj = json.loads(text, object_pairs_hook=lambda pairs: pairs)
     except json.JSONDecodeError as err:
         raise bad(path, err.lineno, f"broken JSON: {err.msg} (column {err.colno})") from None
-    except ValueError as err:  # e.g. an integer of more than 4300 digits
-        raise ValueError(f"{path}: unreadable JSON value ({err})") from None
     if not isinstance(obj, list) or (obj and not isinstance(obj[0], tuple)):
         raise ValueError(f"{path}: expected a JSON object {{user: [items]}}")
     builder = Builder()
