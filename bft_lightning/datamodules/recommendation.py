@@ -193,13 +193,13 @@ class SequenceDataModule(L.LightningDataModule):
         data_root: folder holding the dataset folders.
         path: explicit interaction file; overrides ``dataset``.
         format: reader for ``path``: ``"s3rec"``, ``"pairs"``, ``"json"``,
-            ``"recbole"``, ``"movielens"`` or ``"amazon"``; ``None`` sniffs it.
+            ``"recbole"``, ``"movielens"``, ``"amazon"`` or ``"parquet"``; ``None`` sniffs it.
         max_len: history length fed to the model (train rows hold ``max_len + 1``).
         batch_size: training batch size.
         eval_batch_size: validation / test batch size.
         num_workers: DataLoader worker processes.
         kcore: iterative user/item k-core applied after reading (0 = off).
-        cache_dir: folder for the processed ``.npz`` cache (``None`` = no cache).
+        cache_dir: folder for the processed, memory-mapped ``.npy`` cache (``None`` = no cache).
         download: fetch downloadable datasets (MovieLens-1M, Amazon 5-core) if missing.
         seed: seed of the training shuffle (epoch ``e`` uses ``seed + e``).
         bucket_by_length: batch training rows of similar length together (see

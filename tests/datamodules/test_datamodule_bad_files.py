@@ -87,7 +87,9 @@ def test_enough_cases():
     assert len(TEXT_CASES) + len(PARQUET_CASES) >= 15
 
 
-@pytest.mark.parametrize("name,file,content,fmt,message", TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
+@pytest.mark.parametrize(
+    "name,file,content,fmt,message", TEXT_CASES, ids=[c[0] for c in TEXT_CASES]
+)
 def test_bad_text_file(tmp_path, name, file, content, fmt, message):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -104,7 +106,8 @@ PARQUET_CASES = [
      r": row 2 \(column 'user'\): null id"),
     ("negative_item", {"user": [1, 1, 2], "item": [3, -4, 5]},
      r": row 2 \(column 'item'\): negative id -4"),
-    ("blank_item", {"user": ["a", "b"], "item": ["x", "  "]}, r": row 2 \(column 'item'\): empty id"),
+    ("blank_item", {"user": ["a", "b"], "item": ["x", "  "]},
+     r": row 2 \(column 'item'\): empty id"),
     ("float_ids", {"user": [1.0, 2.0], "item": [1, 2]},
      r": column 'user' has type double; ids are integers or strings"),
     ("no_item_column", {"user": [1, 2], "thing": [1, 2]}, r": no item column"),

@@ -52,7 +52,10 @@ def test_written_once_then_read(write, tmp_path, monkeypatch):
 
 
 def test_entry_is_memory_mapped_and_shared(write, tmp_path):
-    src, cache_dir = write("ratings.dat", "1::10::5::300\n1::11::3::100\n2::10::1::5\n"), tmp_path / "c"
+    src, cache_dir = (
+        write("ratings.dat", "1::10::5::300\n1::11::3::100\n2::10::1::5\n"),
+        tmp_path / "c",
+    )
     first = load_sequences(src, None, 0, cache_dir)
     again = load_sequences(src, None, 0, cache_dir)
     for name in ("items", "offsets", "times", "user_ids", "item_ids"):

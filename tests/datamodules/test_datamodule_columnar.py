@@ -10,8 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from bft_lightning.datamodules import cache as cache_mod
-from bft_lightning.datamodules.readers import InteractionLog, kcore_filter, read_interactions
-from bft_lightning.datamodules.readers import columnar
+from bft_lightning.datamodules.readers import (
+    InteractionLog,
+    columnar,
+    kcore_filter,
+    read_interactions,
+)
 from bft_lightning.datamodules.splits import encode, leave_one_out, train_arrays
 from bft_lightning.datamodules.windows import PrefixRows
 

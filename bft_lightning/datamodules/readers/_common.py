@@ -7,7 +7,7 @@ import codecs
 import gzip
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +32,7 @@ def bad(path: Path | str, lineno: int, what: str) -> ValueError:
 
 def _check_length(token: str, path: Path | str, lineno: int, field: str) -> None:
     if len(token) > MAX_ID_CHARS:
-        raise bad(
-            path, lineno, f"{field}: id of {len(token)} characters (at most {MAX_ID_CHARS})"
-        )
+        raise bad(path, lineno, f"{field}: id of {len(token)} characters (at most {MAX_ID_CHARS})")
 
 
 def token(value: object, path: Path | str, lineno: int, field: str) -> str:
@@ -151,7 +149,7 @@ def open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")  # noqa: SIM115
 
 
-def lines(path: Path, check_end: bool = True) -> Iterator[tuple[int, str]]:
+def lines(path: Path, check_end: bool = True) -> Generator[tuple[int, str], None, None]:
     """Yield ``(line number, line)`` for non-blank lines, without the line end.
 
     Only the line end is taken off (not trailing tabs: a tab-separated row whose

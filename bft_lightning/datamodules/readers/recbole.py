@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from . import columnar
 from ._common import Builder, bad, check_exists, first_line, lines, nonempty, parse_time, token
-from .log import InteractionLog, RawId, vocab_array
+from .log import InteractionLog, RawId
 
 __all__ = ["read_recbole", "read_recbole_sequential"]
 

@@ -66,8 +66,8 @@ def _fast_movielens(path: Path) -> InteractionLog | None:
 
 _AMAZON_KEYS = ("reviewerID", "asin", "unixReviewTime")
 CSV_NAMES = {
-    "user": ("user", "user_id", "reviewerid"),
-    "item": ("item", "item_id", "asin", "parent_asin"),
+    "user": ("user", "user_id", "reviewerid", "userid"),
+    "item": ("item", "item_id", "asin", "parent_asin", "itemid", "movieid"),
     "time": ("timestamp", "time", "unixreviewtime"),
 }
 
@@ -148,8 +148,6 @@ def _headerless_layout(rows: list[list[str]]) -> dict[str, int]:
     if votes > 0:
         return {"user": 0, "item": 1, "time": 3}
     return {"item": 0, "user": 1, "time": 3}
-
-
 
 
 def _fast_amazon_csv(path: Path) -> InteractionLog | None:
