@@ -223,19 +223,23 @@ def child_ml(path: str, kind: str) -> dict[str, float]:
 
 
 def child_cache(path: str, kind: str) -> dict[str, float]:
-    from bft_lightning.datamodules.cache import load_sequences
+    from bft_lightning.datamodules import cache as c
 
-    cache = Path(path).parent / "cache"
+    folder = Path(path).parent / "cache"
     t0 = time.perf_counter()
-    load_sequences(path, "amazon", 0, cache)
+    c.load_sequences(path, "amazon", 0, folder)
     build = time.perf_counter() - t0
     base = _rss_mb()
     t0 = time.perf_counter()
-    data = load_sequences(path, "amazon", 0, cache)
+    data = c.load_sequences(path, "amazon", 0, folder)  # hashes the source, then maps
     open_s = time.perf_counter() - t0
-    key_s = open_s  # includes hashing the source file (the cache key)
-    return {"cache_build_s": build, "cache_open_s": key_s, "cache_open_rss_mb": _rss_mb() - base,
-            "cache_rows": len(data.items)}  # fmt: skip
+    key = c.cache_key(c.source_files(path), {"format": "amazon", "kcore": 0})
+    t0 = time.perf_counter()
+    mapped = c.load_cached(c.cache_path(folder, Path(path).name, key), key)
+    map_s = time.perf_counter() - t0
+    assert mapped is not None and len(mapped.items) == len(data.items)
+    return {"cache_build_s": build, "cache_open_s": open_s, "cache_map_s": map_s,
+            "cache_open_rss_mb": _rss_mb() - base, "cache_rows": len(data.items)}  # fmt: skip
 
 
 def child_train(path: str, kind: str) -> dict[str, float]:
@@ -344,11 +348,17 @@ def prefix_memory(n_users: int, mean_len: float, max_len: int = 200) -> dict[str
     data = SequenceData(
         np.ones(n, np.int64), offsets, None, 1, np.array([""] * n_users), np.array([""])
     )
-    rows = PrefixRows(data, leave_one_out(data), max_len)
+    split = leave_one_out(data)
+    base = _rss_mb()
+    rows = PrefixRows(data, split, max_len)
+    lengths = rows.row_lengths()  # what the length-bucket sampler holds
+    batch = rows.__getitems__(list(range(0, len(rows), max(len(rows) // 256, 1))))
+    grown = _rss_mb() - base
     state = rows.users.nbytes + rows.start.nbytes + rows.first.nbytes
     return {"interactions": n, "rows": len(rows),
             "materialised_gb": len(rows) * (max_len + 1) * 8 / 1e9,
-            "state_mb": state / 2**20, "row_lengths_mb": len(rows) * 8 / 2**20}  # fmt: skip
+            "state_mb": state / 2**20, "row_lengths_mb": lengths.nbytes / 2**20,
+            "rss_growth_mb": grown, "batch_shape": list(batch["seq"].shape)}  # fmt: skip
 
 
 def growth(xs: list[float], ys: list[float]) -> str:
@@ -398,6 +408,8 @@ def reader_check(args: argparse.Namespace, work: Path) -> None:
         out[kind] = ours | theirs | {"ratio": ours["read_s"] / theirs["pandas_s"],
                                      "file_mb": path.stat().st_size / 2**20}  # fmt: skip
         print(kind, json.dumps(out[kind]), flush=True)
+    out["cache"] = run_child("cache", work / f"amazon_{args.rows}.csv", "amazon")
+    print("cache", json.dumps(out["cache"]), flush=True)
     (work / f"readers_{args.rows}.json").write_text(json.dumps(out, indent=1))
 
 
@@ -405,7 +417,7 @@ def write_report(path: Path, rows: list[dict], prefix: dict, args: argparse.Name
     cols = [
         ("read s", "read_s"), ("pandas s", "pandas_s"), ("k-core s", "kcore_s"),
         ("split s", "split_s"), ("read peak MB", "peak_mb"), ("final MB", "final_mb"),
-        ("cache open s", "cache_open_s"),
+        ("cache open s", "cache_open_s"), ("cache map s", "cache_map_s"),
     ] + [(f"train {x} s/M", f"train_{x}_s_per_M") for x in args.losses.split(",")] + [
         ("eval s", "eval_s"), ("bound s", "bound_s"),
     ]  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -210,3 +211,41 @@ def test_gzip_round_trip_of_helper(tmp_path):
     with gzip.open(path, "wt") as fh:
         fh.write("1 2\n")
     assert read_interactions(path, "pairs").sequences == [[2]]
+
+
+ODD_BUT_VALID = [
+    (
+        "x.inter",
+        "recbole",
+        "user_id:token\titem_id:token\ttimestamp:float\n u1 \t i2\t5\nu1\ti3\t4\n",
+    ),
+    (
+        "a.csv",
+        "amazon",
+        'item,user,rating,timestamp\n"B1,x",A1,5,7\r\nB2,A1,5,3\r\n\r\nB1,A2,5,1\n',
+    ),
+    ("p.txt", "pairs", "007 1\n7 2\n\n  \n7 3\n"),
+    ("ratings.dat", "movielens", "1::5::x::10\n1::6::y::-3.5\n2::5::z::1e3\n"),
+    ("u.data", "movielens", "1\t5\t3\t+10\n1\t6\t3\t 9\n"),
+    ("x.inter", "recbole", "user_id:token\titem_id:token\tuser_id:token\nu1\ti1\tu2\n"),
+    ("b.csv", "amazon", "B000000001,A1,5,1\nB000000002,A1,5,2\n\n"),
+]
+
+
+@pytest.mark.parametrize("name,fmt,text", ODD_BUT_VALID)
+def test_odd_but_valid_files_read_as_the_exact_reader_reads_them(
+    write, monkeypatch, name, fmt, text
+):
+    path = write(name, text)
+    try:
+        exact = _exact(monkeypatch, path, fmt)
+    except ValueError as err:  # the exact reader refuses it: so must the default path
+        with pytest.raises(ValueError, match=re.escape(str(err))):
+            read_interactions(path, fmt, kcore=0)
+        return
+    fast = read_interactions(path, fmt, kcore=0)
+    assert (fast.users, fast.sequences, fast.timestamps) == (
+        exact.users,
+        exact.sequences,
+        exact.timestamps,
+    )

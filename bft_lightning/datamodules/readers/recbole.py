@@ -60,6 +60,8 @@ def _fast_atomic(path: Path, cols: dict[str, int]) -> InteractionLog | None:
     if tcol is not None:
         types[tcol] = pa.float64()
     width = len(_header_fields(path))
+    if width != len(cols):
+        return None  # a repeated field name: the exact reader refuses every row
     table = columnar.read_delimited(path, "\t", width, types, skip_rows=1)
     if table is None:
         return None
