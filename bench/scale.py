@@ -22,7 +22,8 @@ Per case, each in a fresh process (so peak RSS is the step's own):
 Then the log-log growth exponent of each column over the cases (about 1 =
 linear). ``--large`` adds the 1e7-interaction case; ``--rows N`` instead runs
 only the reader comparison at ``N`` rows (the 20M check) for the Amazon-like
-CSV and an ML-20M-like ``ratings.csv`` (``userId,movieId,rating,timestamp``).
+CSV and an ML-20M-like ``ratings.csv`` (``userId,movieId,rating,timestamp``,
+sorted by user and then item, as ML-20M is), plus the cache's open time.
 
     python bench/scale.py                     # 1e5 and 1e6 interactions, minutes
     python bench/scale.py --large             # + 1e7 (tens of minutes)
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=0, help="only the reader comparison at N rows")
     p.add_argument("--workdir", default="/tmp/bft_scale")
     p.add_argument("--out", default=str(REPO / "results" / "perf" / "scale.md"))
-    p.add_argument("--train-batches", type=int, default=10)
+    p.add_argument("--train-batches", type=int, default=5)
     p.add_argument("--losses", default=",".join(LOSSES))
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     p.add_argument("--path", default="", help=argparse.SUPPRESS)
@@ -256,7 +257,7 @@ def child_train(path: str, kind: str) -> dict[str, float]:
     torch.set_num_threads(2)
     out: dict[str, float] = {}
     notes = []
-    dm = SequenceDataModule(path=path, format="amazon", kcore=5, max_len=50, batch_size=128,
+    dm = SequenceDataModule(path=path, format="amazon", kcore=5, max_len=50, batch_size=32,
                             eval_batch_size=1024)  # fmt: skip
     dm.setup("fit")
     for loss in args["losses"]:
@@ -401,6 +402,9 @@ def reader_check(args: argparse.Namespace, work: Path) -> None:
     out = {}
     for kind, name in (("amazon", "amazon"), ("ml", "ratings")):
         path = work / f"{name}_{args.rows}.csv"
+        if kind == "ml" and not path.exists():  # ML-20M's layout: by user, then by item
+            by = np.lexsort((rows[1], rows[0]))
+            write_csv(path, (rows[0][by], rows[1][by], rows[2][by]), kind)
         write_csv(path, rows, kind)
         ours = run_child("read" if kind == "amazon" else "ml", path, kind)
         theirs = run_child("pandas", path, kind)

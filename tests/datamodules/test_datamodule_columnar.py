@@ -249,3 +249,21 @@ def test_odd_but_valid_files_read_as_the_exact_reader_reads_them(
         exact.sequences,
         exact.timestamps,
     )
+
+
+@pytest.mark.parametrize("layout", ["grouped_sorted", "grouped_unsorted", "time_ordered", "mixed"])
+def test_row_order_shortcuts_equal_the_full_sort(layout):
+    from bft_lightning.datamodules.readers.log import _order
+
+    rng = np.random.default_rng(1)
+    user = rng.integers(0, 50, 3000)
+    key = rng.integers(0, 100, 3000).astype(float)
+    if layout.startswith("grouped"):
+        user = np.sort(user)
+    if layout in ("grouped_sorted", "time_ordered"):
+        key = np.sort(key) if layout == "time_ordered" else key[np.lexsort((key, user))]
+    order = _order(user, key)
+    expect = np.lexsort((key, user))
+    got = np.arange(len(user)) if order is None else order
+    assert np.array_equal(got, expect)
+    assert (order is None) == (layout == "grouped_sorted")

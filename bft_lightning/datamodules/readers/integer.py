@@ -72,12 +72,12 @@ def _fast_pairs(path: Path) -> InteractionLog | None:
     first = first_line(path)
     if first is None:
         return None
-    table = columnar.read_delimited(
+    cols = columnar.read_delimited(
         path, "\t" if "\t" in first else " ", 2, {0: pa.string(), 1: pa.string()}
     )
-    if table is None:
+    if cols is None:
         return None
-    return columnar.build(path, columnar.id_codes(table["c0"]), columnar.id_codes(table["c1"]))
+    return columnar.code_columns(path, cols, "c0", "c1", None, integer_ids=True)
 
 
 def _json_id(value: object, where: str) -> int:

@@ -159,15 +159,33 @@ def from_rows(
     fractional) each user is sorted by it, stably, so ties keep file order.
     ``times`` (whole seconds) is stored. ``n log n`` in the rows.
     """
-    if order_key is None:
-        order = np.argsort(user_codes, kind="stable")
-    else:
-        order = np.lexsort((order_key, user_codes))  # lexsort is stable
+    order = _order(user_codes, order_key)
     counts = np.bincount(user_codes, minlength=len(user_vocab))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    items = np.ascontiguousarray(item_codes[order], dtype=np.int64)
-    stamps = None if times is None else np.ascontiguousarray(times[order], dtype=np.int64)
+    if order is None:  # already grouped and in time order: no copy
+        items = np.asarray(item_codes, dtype=np.int64)
+        stamps = None if times is None else np.asarray(times, dtype=np.int64)
+    else:
+        items = np.ascontiguousarray(item_codes[order], dtype=np.int64)
+        stamps = None if times is None else np.ascontiguousarray(times[order], dtype=np.int64)
     return InteractionLog.from_arrays(user_vocab, item_vocab, items, offsets, stamps, source)
+
+
+def _order(user: np.ndarray, key: np.ndarray | None) -> np.ndarray | None:
+    """The stable order by (user, key), or ``None`` when the rows already are in it.
+
+    Checking costs one pass; files grouped by user (MovieLens, S3-Rec-like
+    dumps) then skip the sort, and time-ordered logs sort by user alone."""
+    same = user[1:] == user[:-1]
+    grouped = bool(np.all(same | (user[1:] > user[:-1])))
+    if key is None:
+        return None if grouped else np.argsort(user, kind="stable")
+    rising = key[1:] >= key[:-1]
+    if grouped and bool(np.all(rising | ~same)):
+        return None
+    if bool(np.all(rising)):
+        return np.argsort(user, kind="stable")
+    return np.lexsort((key, user))  # lexsort is stable
 
 
 def kcore_filter(log: InteractionLog, k: int) -> InteractionLog:

@@ -65,10 +65,8 @@ def _fast_atomic(path: Path, cols: dict[str, int]) -> InteractionLog | None:
     table = columnar.read_delimited(path, "\t", width, types, skip_rows=1)
     if table is None:
         return None
-    time = None if tcol is None else columnar.time_columns(table[f"c{tcol}"])
-    users = columnar.token_codes(table[f"c{ucol}"])
-    items = columnar.token_codes(table[f"c{icol}"])
-    return columnar.build(path, users, items, time, want_time=tcol is not None)
+    time = None if tcol is None else f"c{tcol}"
+    return columnar.code_columns(path, table, f"c{ucol}", f"c{icol}", time, integer_ids=False)
 
 
 def _header_fields(path: Path) -> list[str]:

@@ -52,16 +52,15 @@ def _fast_movielens(path: Path) -> InteractionLog | None:
     if "::" in first:
         types = {0: pa.string(), 1: pa.null(), 2: pa.string(), 3: pa.null()}
         types |= {5: pa.null(), 6: pa.float64()}
-        table = columnar.read_delimited(path, ":", 7, types)
-        cols = ("c0", "c2", "c6")
+        cols = columnar.read_delimited(path, ":", 7, types)
+        names = ("c0", "c2", "c6")
     else:
         types = {0: pa.string(), 1: pa.string(), 3: pa.float64()}
-        table = columnar.read_delimited(path, "\t", 4, types)
-        cols = ("c0", "c1", "c3")
-    if table is None:
+        cols = columnar.read_delimited(path, "\t", 4, types)
+        names = ("c0", "c1", "c3")
+    if cols is None:
         return None
-    users, items = columnar.id_codes(table[cols[0]]), columnar.id_codes(table[cols[1]])
-    return columnar.build(path, users, items, columnar.time_columns(table[cols[2]]), True)
+    return columnar.code_columns(path, cols, *names, integer_ids=True)
 
 
 _AMAZON_KEYS = ("reviewerID", "asin", "unixReviewTime")
@@ -172,10 +171,8 @@ def _fast_amazon_csv(path: Path) -> InteractionLog | None:
     table = columnar.read_delimited(path, ",", width, types, skip_rows=skip, quoting=True)
     if table is None:
         return None
-    time = columnar.time_columns(table[f"c{cols['time']}"])
-    users = columnar.token_codes(table[f"c{cols['user']}"])
-    items = columnar.token_codes(table[f"c{cols['item']}"])
-    return columnar.build(path, users, items, time, want_time=True)
+    user, item, time = (f"c{cols[k]}" for k in ("user", "item", "time"))
+    return columnar.code_columns(path, table, user, item, time, integer_ids=False)
 
 
 def read_amazon(path: str | Path, kcore: int = 5) -> InteractionLog:
