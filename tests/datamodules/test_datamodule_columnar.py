@@ -267,3 +267,25 @@ def test_row_order_shortcuts_equal_the_full_sort(layout):
     got = np.arange(len(user)) if order is None else order
     assert np.array_equal(got, expect)
     assert (order is None) == (layout == "grouped_sorted")
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        ["7", "07", "7"],  # a leading zero: another string id
+        ["00", "0", "0"],
+        ["0", "10", "100", "99", "999999999999999999", "1000000000000000000"],
+        ["9223372036854775807", "1"],  # int64's largest
+        ["12345678901234567890", "1"],  # beyond int64
+        ["a1", "B2", "a1"],
+        [" u ", "u", "v\t"],  # stripped
+    ],
+)
+def test_token_codes_keep_string_identity(tokens):
+    col = pa.chunked_array(
+        [pa.array(["x", *tokens[:2]]).slice(1), pa.array(tokens[2:], pa.string())]
+    )
+    codes, vocab = columnar.token_codes(col)
+    stripped = [t.strip() for t in tokens]
+    assert [str(vocab[c]) for c in codes] == stripped
+    assert len(vocab) == len(set(stripped)) and all(isinstance(v, str) for v in vocab.tolist())

@@ -149,33 +149,55 @@ def id_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
 def token_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
     """Codes and vocabulary (of ``str``) of stripped string tokens, or ``None`` (empty/long).
 
-    All-alphanumeric columns (the usual case) need no stripping; tokens of at
-    most 18 digits without a leading zero are factorised as integers (the same
-    identity as the strings, and several times faster to hash)."""
+    Tokens of ASCII digits without a leading zero are factorised as integers
+    (the same identity as the strings, and several times faster to hash);
+    other all-alphanumeric columns (the usual case) need no stripping."""
     if col.null_count:
         return None
     if len(col) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
-    if not pc.all(pc.ascii_is_alnum(col)).as_py():  # "" is not alphanumeric either
+    if pc.all(pc.ascii_is_decimal(col)).as_py():  # "" is not decimal
+        coded = _plain_integer_codes(col)
+        if coded is not None:
+            return coded
+    elif not pc.all(pc.ascii_is_alnum(col)).as_py():  # "" is not alphanumeric either
         col = pc.utf8_trim_whitespace(col)
         if pc.min(pc.utf8_length(col)).as_py() == 0:
             return None
-    size = pc.binary_length(col)
-    if pc.max(size).as_py() > MAX_ID_CHARS and pc.max(pc.utf8_length(col)).as_py() > MAX_ID_CHARS:
-        return None
-    if _plain_integers(col, size):
-        codes, numbers = _dictionary(pc.cast(col, pa.int64()))
-        return codes, numbers.to_numpy(zero_copy_only=False).astype(str)  # the same digits
+    if pc.max(pc.binary_length(col)).as_py() > MAX_ID_CHARS:  # bytes >= characters
+        if pc.max(pc.utf8_length(col)).as_py() > MAX_ID_CHARS:
+            return None
     codes, vocab = _dictionary(col)
     return codes, vocab.to_numpy(zero_copy_only=False)
 
 
-def _plain_integers(col: pa.ChunkedArray, size: pa.ChunkedArray) -> bool:
-    """Whether every token is 1-18 ASCII digits without a leading zero (``0`` alone is)."""
-    if pc.max(size).as_py() > 18 or not pc.all(pc.ascii_is_decimal(col)).as_py():
-        return False
-    padded = pc.and_(pc.starts_with(col, "0"), pc.greater(size, 1))
-    return not pc.any(padded).as_py()
+def _plain_integer_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Codes of a column of ASCII-digit tokens through int64, or ``None`` when a
+    token has a leading zero (``07`` is not ``7`` for string ids) or overflows.
+
+    The leading-zero check is free: the tokens' total length (from the string
+    offsets) equals the digits of their values exactly when none is padded."""
+    try:
+        numbers = pc.cast(col, pa.int64())
+    except pa.ArrowInvalid:
+        return None
+    codes, vocab = _dictionary(numbers)
+    values = vocab.to_numpy(zero_copy_only=False)
+    digits = np.ones(len(values), dtype=np.int64)
+    for k in range(1, 19):  # exact: 1 + the powers of ten not above the value
+        digits += values >= 10**k
+    written = sum(_text_bytes(chunk) for chunk in col.chunks)
+    if int(np.bincount(codes, minlength=len(values)) @ digits) != written:
+        return None
+    return codes, values.astype(str)
+
+
+def _text_bytes(chunk: pa.Array) -> int:
+    """Bytes of a string chunk's values (from its offsets; no pass over the data)."""
+    width = 8 if pa.types.is_large_string(chunk.type) else 4
+    offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32 if width == 4 else np.int64)
+    first = chunk.offset
+    return int(offsets[first + len(chunk)] - offsets[first])
 
 
 def time_columns(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
