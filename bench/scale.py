@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's bft_lightning, as the child processes get
 CASES = [(100_000, 10_000), (1_000_000, 100_000)]
 LARGE = [(10_000_000, 1_000_000)]
 LOSSES = ("ce", "ce_chunked", "sampled_softmax", "bce")
@@ -268,7 +269,7 @@ def child_train(path: str, kind: str) -> dict[str, float]:
         except (ValueError, TypeError) as err:
             notes.append(f"{loss}: skipped ({str(err)[:80]})")
             continue
-        timer = _BatchTimer()
+        timer = _timer_class()()
         trainer = L.Trainer(
             max_epochs=1, limit_train_batches=args["batches"] + 1, limit_val_batches=0,
             logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -315,10 +316,6 @@ def _timer_class():  # type: ignore[no-untyped-def]
                     self.targets += int((seq[:, 1:] != 0).sum())
 
     return BatchTimer
-
-
-def _BatchTimer():  # type: ignore[no-untyped-def]  # noqa: N802
-    return _timer_class()()
 
 
 CHILDREN = {"read": child_read, "pandas": child_pandas, "ml": child_ml, "cache": child_cache,

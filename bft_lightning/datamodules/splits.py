@@ -173,7 +173,9 @@ def train_arrays(
       ``(R,)`` (all 1) tells the model that only the row's last item is a
       target. The same targets as ``"user"`` (plus those cut off by
       ``max_len`` in long histories), each in its own row: about
-      ``mean training length / 2`` times the rows' memory (int64).
+      ``mean training length / 2`` times the rows' memory (int64). The
+      DataModule serves the same rows through :class:`~.windows.PrefixRows`,
+      which cuts them per batch instead of materialising them.
     """
     if rows not in ("user", "prefix"):
         raise ValueError(f"rows must be 'user' or 'prefix', got {rows!r}")
