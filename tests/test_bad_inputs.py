@@ -741,9 +741,10 @@ def test_damaged_cache_is_ignored_and_rebuilt(tmp_path):
     cache = tmp_path / "cache"
     first = SequenceDataModule(path=str(src), max_len=8, cache_dir=str(cache))
     first.prepare_data()
-    (npz,) = cache.glob("*.npz")
-    npz.write_bytes(npz.read_bytes()[:100])  # a half-written cache (never by our writer)
+    (entry,) = cache.iterdir()
+    items = entry / "items.npy"
+    items.write_bytes(items.read_bytes()[:100])  # a half-written cache (never by our writer)
     with pytest.warns(UserWarning, match="ignoring unreadable cache"):
         again = SequenceDataModule(path=str(src), max_len=8, cache_dir=str(cache)).sequences
     assert again.items.tolist() == first.sequences.items.tolist()
-    assert [p.name for p in cache.iterdir()] == [npz.name]  # rebuilt in place
+    assert [p.name for p in cache.iterdir()] == [entry.name]  # rebuilt in place

@@ -1,16 +1,23 @@
-"""Processed-data cache: remapped sequences stored as ``.npz``.
+"""Processed-data cache: remapped sequences stored as memory-mapped ``.npy`` arrays.
 
-A cache file holds one :class:`~.splits.SequenceData`. Its key is the sha256
-of the source file(s) plus the preprocessing options (format, k-core) and
-:data:`CACHE_VERSION`; the file name carries the first 16 hex digits of the
-key and the full key is stored inside and checked on load, so a cache built
+A cache entry is a folder holding one :class:`~.splits.SequenceData`: one
+``.npy`` file per array (``items``, ``offsets``, ``user_ids``, ``item_ids``,
+and ``times`` when the file has timestamps) and ``meta.json`` with the key.
+The key is the sha256 of the source file(s) plus the preprocessing options
+(format, k-core) and :data:`CACHE_VERSION`; the folder name carries the first
+16 hex digits of the key and the full key is checked on load, so a cache built
 from another file or other options is never read.
 
-Writes are atomic: the arrays go to a temporary ``.tmp-*`` file in the cache
-folder, are flushed and fsync'ed, and are then renamed with ``os.replace``.
-Loading only opens the exact final name, so a half-written temporary file is
-never picked; a final file that cannot be read is ignored (with a warning)
-and rebuilt.
+Loading memory-maps the arrays (``np.load(mmap_mode="r")``): opening a cache
+of 20M interactions takes milliseconds, and every process on a host (DDP
+ranks, DataLoader workers) shares the same pages of the page cache instead of
+holding its own copy. The arrays are read-only.
+
+Writes are atomic: the arrays go to a temporary ``.tmp-*`` folder in the
+cache folder, each file flushed and fsync'ed, ``meta.json`` last; the folder
+is then renamed to its final name. Loading only opens the exact final name,
+so a half-written temporary folder (a killed writer) is never picked; a final
+entry that cannot be read is ignored (with a warning) and rebuilt.
 """
 
 from __future__ import annotations
@@ -18,11 +25,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -40,8 +47,9 @@ __all__ = [
     "source_files",
 ]
 
-CACHE_VERSION = 3  # 2: readers strip ids, reject empty ones, read 2014 Amazon CSVs and BOMs;
-# 3: fractional timestamps order by their exact value, ids are ASCII digits
+CACHE_VERSION = 4  # 2: readers strip ids, reject empty ones, read 2014 Amazon CSVs and BOMs;
+# 3: fractional timestamps order by their exact value, ids are ASCII digits;
+# 4: a folder of memory-mapped .npy arrays (was one .npz)
 _SPLIT_SUFFIXES = (".train.inter", ".valid.inter", ".test.inter")
 
 
@@ -75,55 +83,85 @@ def cache_key(files: list[Path], options: dict[str, object]) -> str:
 
 
 def cache_path(cache_dir: str | Path, stem: str, key: str) -> Path:
-    """``<cache_dir>/<stem>-<key[:16]>.npz``."""
-    return Path(cache_dir) / f"{stem}-{key[:16]}.npz"
+    """``<cache_dir>/<stem>-<key[:16]>`` (a folder)."""
+    return Path(cache_dir) / f"{stem}-{key[:16]}"
+
+
+_ARRAYS = ("items", "offsets", "user_ids", "item_ids", "times")
+
+
+def _write_npy(folder: Path, name: str, array: np.ndarray) -> None:
+    with open(folder / f"{name}.npy", "wb") as fh:
+        np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def save_cached(path: Path, data: SequenceData, key: str) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder + rename)."""
-    arrays: dict[str, Any] = {
-        "key": np.array(key),
-        "items": data.items,
-        "offsets": data.offsets,
-        "user_ids": data.user_ids,
-        "item_ids": data.item_ids,
-    }
-    if data.times is not None:
-        arrays["times"] = data.times
+    """Write ``data`` to the folder ``path`` atomically (temp folder + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path.parent))
     try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+        for name in _ARRAYS:
+            array = getattr(data, name)
+            if array is not None:
+                _write_npy(tmp, name, array)
+        meta = {"key": key, "version": CACHE_VERSION, "num_items": data.num_items}
+        with open(tmp / "meta.json", "w") as fh:
+            json.dump(meta, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o755)
+        old = None
+        if path.exists():  # a damaged entry being rebuilt: move it aside first
+            old = Path(tempfile.mkdtemp(prefix=".old-", dir=path.parent))
+            os.replace(path, old / "entry")
         os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def load_cached(path: Path, key: str) -> SequenceData | None:
-    """The cached data at ``path`` if it exists, is readable and has ``key``."""
-    if not path.is_file():
+    """The cached data at ``path`` (memory-mapped) if it is readable and has ``key``."""
+    if not path.exists():
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) != key:
-                return None
-            times = z["times"] if "times" in z.files else None
-            return SequenceData(
-                items=z["items"],
-                offsets=z["offsets"],
-                times=times,
-                num_items=len(z["item_ids"]) - 1,
-                user_ids=z["user_ids"],
-                item_ids=z["item_ids"],
-            )
+        meta = json.loads((path / "meta.json").read_text())
+        if meta.get("key") != key:
+            return None
+        arrays = {
+            name: np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+            for name in _ARRAYS
+            if name != "times" or (path / "times.npy").exists()
+        }
+        data = SequenceData(
+            items=arrays["items"],
+            offsets=arrays["offsets"],
+            times=arrays.get("times"),
+            num_items=len(arrays["item_ids"]) - 1,
+            user_ids=arrays["user_ids"],
+            item_ids=arrays["item_ids"],
+        )
+        _check_shapes(data, int(meta["num_items"]))
+        return data
     except Exception as err:  # a damaged cache is rebuilt, never trusted
         warnings.warn(f"ignoring unreadable cache {path}: {err}", stacklevel=2)
         return None
+
+
+def _check_shapes(data: SequenceData, num_items: int) -> None:
+    """Raise unless the arrays fit together (a damaged entry)."""
+    ok = (
+        data.num_items == num_items
+        and len(data.user_ids) == len(data.offsets) - 1
+        and int(data.offsets[-1]) == len(data.items)
+        and (data.times is None or len(data.times) == len(data.items))
+    )
+    if not ok:
+        raise ValueError("arrays of inconsistent shapes")
 
 
 def load_sequences(
@@ -133,7 +171,7 @@ def load_sequences(
     cache_dir: str | Path | None = None,
     validate: Callable[[SequenceData], None] | None = None,
 ) -> SequenceData:
-    """Read and remap ``path``, through the ``.npz`` cache when ``cache_dir`` is set.
+    """Read and remap ``path``, through the ``.npy`` cache when ``cache_dir`` is set.
 
     ``validate`` (raising on data that cannot be used) runs before the cache is
     written, so unusable data leaves no cache file behind.

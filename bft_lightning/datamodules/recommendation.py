@@ -58,6 +58,7 @@ from .splits import (
 )
 from .synthetic import SyntheticConfig, make_synthetic
 from .vocabulary import read_vocabulary, remap_items
+from .windows import PrefixRows
 
 __all__ = [
     "ArrayDataset",
@@ -201,13 +202,13 @@ class SequenceDataModule(L.LightningDataModule):
         data_root: folder holding the dataset folders.
         path: explicit interaction file; overrides ``dataset``.
         format: reader for ``path``: ``"s3rec"``, ``"pairs"``, ``"json"``,
-            ``"recbole"``, ``"movielens"`` or ``"amazon"``; ``None`` sniffs it.
+            ``"recbole"``, ``"movielens"``, ``"amazon"`` or ``"parquet"``; ``None`` sniffs it.
         max_len: history length fed to the model (train rows hold ``max_len + 1``).
         batch_size: training batch size.
         eval_batch_size: validation / test batch size.
         num_workers: DataLoader worker processes.
         kcore: iterative user/item k-core applied after reading (0 = off).
-        cache_dir: folder for the processed ``.npz`` cache (``None`` = no cache).
+        cache_dir: folder for the processed, memory-mapped ``.npy`` cache (``None`` = no cache).
         download: fetch downloadable datasets (MovieLens-1M, Amazon 5-core) if missing.
         seed: seed of the training shuffle (epoch ``e`` uses ``seed + e``).
         bucket_by_length: batch training rows of similar length together (see
@@ -225,7 +226,9 @@ class SequenceDataModule(L.LightningDataModule):
             :func:`~.splits.train_arrays`). The same targets either way (prefix
             rows also keep those a ``max_len`` window cuts from long
             histories), but ``"prefix"`` takes about ``mean history length / 2``
-            times the rows' memory and encoder compute per epoch. BERT4Rec's
+            times the encoder compute per epoch; its rows are cut per batch
+            (:class:`~.windows.PrefixRows`), so their memory stays that of
+            the interactions. BERT4Rec's
             cloze objective masks items anywhere in a row, so for it prefix
             rows only repeat (augment) the data.
         synthetic_users: users of the synthetic dataset.
@@ -298,7 +301,7 @@ class SequenceDataModule(L.LightningDataModule):
         self._data: SequenceData | None = None
         self._split: LeaveOneOut | None = None
         self._fingerprint: dict[str, Any] | None = None
-        self._datasets: dict[str, ArrayDataset] = {}
+        self._datasets: dict[str, ArrayDataset | PrefixRows] = {}
 
     # ------------------------------------------------------------ loading
 
@@ -438,17 +441,18 @@ class SequenceDataModule(L.LightningDataModule):
         for name in wanted.get(stage or "", ("train", "val", "test")):
             self._dataset(name)
 
-    def _dataset(self, name: str) -> ArrayDataset:
+    def _dataset(self, name: str) -> ArrayDataset | PrefixRows:
         """The ``train`` / ``val`` / ``test`` dataset, built on first use."""
         if name not in self._datasets:
             data, split = self._ensure()
-            if name == "train":
-                arrays = train_arrays(data, split, self.max_len, self.train_rows)
+            if name == "train" and self.train_rows == "prefix":  # windows cut per batch
+                self._datasets[name] = PrefixRows(data, split, self.max_len)
+            elif name == "train":
+                self._datasets[name] = ArrayDataset(train_arrays(data, split, self.max_len))
             elif name == "predict":
-                arrays = predict_arrays(data, self.max_len)
+                self._datasets[name] = ArrayDataset(predict_arrays(data, self.max_len))
             else:
-                arrays = eval_arrays(data, split, self.max_len, name)
-            self._datasets[name] = ArrayDataset(arrays)
+                self._datasets[name] = ArrayDataset(eval_arrays(data, split, self.max_len, name))
         return self._datasets[name]
 
     # ------------------------------------------------------------ properties
@@ -517,7 +521,10 @@ class SequenceDataModule(L.LightningDataModule):
         dataset = self._dataset(name)
         loader_class: type[DataLoader] = DataLoader
         if shuffle:
-            lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
+            if isinstance(dataset, PrefixRows):
+                lengths = dataset.row_lengths()
+            else:
+                lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
             world, rank = self._replicas()
             sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
             kwargs["sampler"] = sampler_class(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .readers import InteractionLog, RawId
+from .readers import InteractionLog
 
 __all__ = [
     "LeaveOneOut",
@@ -75,21 +75,31 @@ def encode(log: InteractionLog) -> SequenceData:
 
     Users are scanned in log order and items in sequence order, so the first
     item of the first user becomes ``1``. Users keep their log order.
+    Vectorised over the log's arrays (no loop over interactions).
     """
-    codes: dict[RawId, int] = {}
-    flat = [codes.setdefault(i, len(codes) + 1) for seq in log.sequences for i in seq]
-    lengths = np.array([len(s) for s in log.sequences], dtype=np.int64)
-    times = None
-    if log.timestamps is not None:
-        times = np.array([t for ts in log.timestamps for t in ts], dtype=np.int64)
+    codes = log.item_codes
+    n = len(codes)
+    first = np.full(len(log.item_vocab), n, dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(n, dtype=np.int64))
+    used = np.flatnonzero(first < n)
+    by_appearance = used[np.argsort(first[used], kind="stable")]
+    renumber = np.zeros(len(log.item_vocab), dtype=np.int64)
+    renumber[by_appearance] = np.arange(1, len(by_appearance) + 1, dtype=np.int64)
     return SequenceData(
-        items=np.array(flat, dtype=np.int64),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        times=times,
-        num_items=len(codes),
-        user_ids=np.array([str(u) for u in log.users]),
-        item_ids=np.array([""] + [str(i) for i in codes]),
+        items=renumber[codes],
+        offsets=np.asarray(log.offsets, dtype=np.int64),
+        times=None if log.times is None else np.asarray(log.times, dtype=np.int64),
+        num_items=len(by_appearance),
+        user_ids=_strings(log.user_vocab),
+        item_ids=np.concatenate([np.array([""]), _strings(log.item_vocab[by_appearance])]),
     )
+
+
+def _strings(ids: np.ndarray) -> np.ndarray:
+    """Raw ids as a numpy string array (``str`` of each)."""
+    if len(ids) == 0:
+        return np.array([], dtype=str)
+    return ids.astype(str)
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,9 @@ def train_arrays(
       ``(R,)`` (all 1) tells the model that only the row's last item is a
       target. The same targets as ``"user"`` (plus those cut off by
       ``max_len`` in long histories), each in its own row: about
-      ``mean training length / 2`` times the rows' memory (int64).
+      ``mean training length / 2`` times the rows' memory (int64). The
+      DataModule serves the same rows through :class:`~.windows.PrefixRows`,
+      which cuts them per batch instead of materialising them.
     """
     if rows not in ("user", "prefix"):
         raise ValueError(f"rows must be 'user' or 'prefix', got {rows!r}")

@@ -1,7 +1,8 @@
-"""The processed ``.npz`` cache: atomic writes, reuse, invalidation, damage."""
+"""The processed ``.npy`` cache: atomic writes, memory maps, reuse, invalidation, damage."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -26,6 +27,10 @@ def _npz(folder):
     return sorted(p.name for p in folder.iterdir())
 
 
+def _stored(entry, name):
+    return np.load(entry / f"{name}.npy")
+
+
 def test_written_once_then_read(write, tmp_path, monkeypatch):
     src, cache_dir = write("d.txt", TEXT), tmp_path / "cache"
     replaced = []
@@ -43,6 +48,24 @@ def test_written_once_then_read(write, tmp_path, monkeypatch):
     )
     assert second.num_items == first.num_items == 5 and second.times is None
     assert second.item_ids.tolist() == first.item_ids.tolist()
+    assert isinstance(second.items, np.memmap) and not second.items.flags.writeable
+
+
+def test_entry_is_memory_mapped_and_shared(write, tmp_path):
+    src, cache_dir = (
+        write("ratings.dat", "1::10::5::300\n1::11::3::100\n2::10::1::5\n"),
+        tmp_path / "c",
+    )
+    first = load_sequences(src, None, 0, cache_dir)
+    again = load_sequences(src, None, 0, cache_dir)
+    for name in ("items", "offsets", "times", "user_ids", "item_ids"):
+        mapped = getattr(again, name)
+        assert isinstance(mapped, np.memmap), name  # pages shared, not copied
+        assert mapped.tolist() == getattr(first, name).tolist()
+    (entry,) = cache_dir.iterdir()
+    assert sorted(p.name for p in entry.iterdir()) == [
+        "item_ids.npy", "items.npy", "meta.json", "offsets.npy", "times.npy", "user_ids.npy",
+    ]  # fmt: skip
 
 
 def test_timestamps_round_trip(write, tmp_path, monkeypatch):
@@ -80,29 +103,33 @@ def test_half_written_temp_file_is_ignored(write, tmp_path):
     cache_dir.mkdir()
     key = cache_key([src], {"format": "s3rec", "kcore": 0})
     final = cache_path(cache_dir, src.name, key)
-    (cache_dir / f".tmp-abc{final.name}").write_bytes(b"PK\x03\x04 half written")
+    killed = cache_dir / f".tmp-abc{final.name}"  # a writer killed half way
+    killed.mkdir()
+    (killed / "items.npy").write_bytes(b"\x93NUMPY half written")
     assert load_sequences(src, "s3rec", 0, cache_dir).num_users == 3
-    assert np.load(final)["key"] == key
+    assert json.loads((final / "meta.json").read_text())["key"] == key
 
 
 def test_corrupted_final_file_is_rebuilt(write, tmp_path):
     src, cache_dir = write("d.txt", TEXT), tmp_path / "cache"
     load_sequences(src, "s3rec", 0, cache_dir)
     (final,) = cache_dir.iterdir()
-    final.write_bytes(final.read_bytes()[:100])
+    items = final / "items.npy"
+    items.write_bytes(items.read_bytes()[:100])
     with pytest.warns(UserWarning, match="ignoring unreadable cache"):
         assert load_sequences(src, "s3rec", 0, cache_dir).num_users == 3
-    assert np.load(final)["items"].tolist() == [1, 2, 1, 3, 4, 5, 2, 3, 4]
+    assert _stored(final, "items").tolist() == [1, 2, 1, 3, 4, 5, 2, 3, 4]
+    assert [p.name for p in cache_dir.iterdir()] == [final.name]  # nothing else left
 
 
 def test_failed_write_leaves_nothing(write, tmp_path, monkeypatch):
     src, cache_dir = write("d.txt", TEXT), tmp_path / "cache"
 
-    def broken_savez(fh, **arrays):
-        fh.write(b"PK partial")
+    def broken_save(fh, array, allow_pickle=False):
+        fh.write(b"\x93NUMPY partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(cache_mod.np, "savez", broken_savez)
+    monkeypatch.setattr(cache_mod.np, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
         load_sequences(src, "s3rec", 0, cache_dir)
     assert _npz(cache_dir) == []
