@@ -12,10 +12,18 @@ the log folder is another file system, e.g. a Docker volume.)
 Loading: ``torch.load(..., weights_only=True)`` always, so a checkpoint can
 hold tensors and plain containers but no code; a truncated, corrupt or unsafe
 file raises :class:`CheckpointLoadError` naming the file and what is wrong.
+
+Digest: :class:`AtomicCheckpointIO` stores a SHA-256 of the checkpoint's
+content (every tensor's dtype, shape and bytes, every other value's repr, in
+key order) under ``DIGEST_KEY``; :func:`safe_load_checkpoint` recomputes it
+and refuses a file whose content changed after it was written (a flipped bit
+in a weight loads without any error from ``torch.load``). Checkpoints written
+without one (by Lightning's own writer, or before) load as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import tempfile
@@ -25,7 +33,16 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "CheckpointLoadError", "atomic_torch_save", "safe_load_checkpoint"]
+__all__ = [
+    "DIGEST_KEY",
+    "AtomicCheckpointIO",
+    "CheckpointLoadError",
+    "atomic_torch_save",
+    "content_digest",
+    "safe_load_checkpoint",
+]
+
+DIGEST_KEY = "bft_lightning_digest"
 
 
 class CheckpointLoadError(ValueError):
@@ -63,6 +80,53 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
+def _feed(h: Any, obj: Any) -> None:
+    """Hash ``obj`` canonically: containers in key order, tensors by dtype, shape and bytes."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        t = t.cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        items = sorted(obj.items(), key=lambda kv: repr(kv[0]))
+        h.update(f"D{len(items)}:".encode())
+        for key, value in items:
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(obj, list | tuple):
+        h.update(f"{type(obj).__name__[0]}{len(obj)}:".encode())
+        for value in obj:
+            _feed(h, value)
+    elif isinstance(obj, set | frozenset):
+        h.update(f"S{len(obj)}:".encode())
+        for value in sorted(obj, key=repr):
+            _feed(h, value)
+    else:
+        text = repr(obj).encode()
+        h.update(f"V{type(obj).__name__}{len(text)}:".encode() + text)
+
+
+def content_digest(checkpoint: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a checkpoint's content, its own digest entry left out."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in checkpoint.items() if k != DIGEST_KEY})
+    return h.hexdigest()
+
+
+def _check_digest(file: Path, obj: dict[str, Any]) -> None:
+    stored = obj.pop(DIGEST_KEY, None)
+    if stored is None:
+        return
+    if not isinstance(stored, str) or stored != content_digest(obj):
+        raise CheckpointLoadError(
+            f"{file}: content digest mismatch: the file changed after it was written "
+            "(disk or copy corruption); it is not loaded. Use another checkpoint."
+        )
+
+
 def safe_load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``; every failure names the file."""
     file = Path(path)
@@ -89,11 +153,12 @@ def safe_load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> 
         ) from None
     if not isinstance(obj, dict):
         raise CheckpointLoadError(f"{file}: expected a checkpoint dict, found {type(obj).__name__}")
+    _check_digest(file, obj)
     return obj
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning ``CheckpointIO``: atomic local writes, ``weights_only=True`` loads.
+    """Lightning ``CheckpointIO``: atomic writes with a digest; checked ``weights_only`` loads.
 
     Use it with ``Trainer(plugins=[AtomicCheckpointIO()])`` or, in a trainer
     config, ``plugins: [{class_path: bft_lightning.utils.AtomicCheckpointIO}]``.
@@ -108,7 +173,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        atomic_torch_save(checkpoint, path)
+        atomic_torch_save({**checkpoint, DIGEST_KEY: content_digest(checkpoint)}, path)
 
     def load_checkpoint(
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Any = None
