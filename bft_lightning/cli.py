@@ -78,7 +78,13 @@ class BFTCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        super().parse_arguments(parser, args)
+        saved = sys.argv
+        if args is not None:  # given explicitly: the process's own argv is not ours to read
+            sys.argv = saved[:1]  # (LightningCLI would warn about both, once per call)
+        try:
+            super().parse_arguments(parser, args)
+        finally:
+            sys.argv = saved
         subcommand = self.config.get("subcommand")
         if subcommand:
             from bft_lightning.utils.run_dir import pin_run

@@ -343,3 +343,95 @@ def test_killed_twice_mid_epoch_and_resumed_equals_uninterrupted(tmp_path):
         cli = main([*cli_args(run, "test"), f"--ckpt_path={ckpt}"])
         results.append(cli.model.test_results)
     assert results[0] == results[1] and results[0]["n"] == 300
+
+
+# ----------------------------------------------------------------------------- the shipped configs
+ENTRY_CHILD = """
+import os, signal
+from lightning.pytorch import Callback
+
+class KillAtStep(Callback):
+    def __init__(self, step: int = -1):
+        self.step = step
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+from bft_lightning.cli import entry
+entry()
+"""
+
+
+def shipped_args(logs: Path) -> list[str]:
+    """The quick-start experiment with its shipped trainer config (cpu_quick.yaml), small."""
+    return [
+        "--config", str(EXPERIMENT),
+        f"--trainer.logger.init_args.save_dir={logs}",
+        "--trainer.max_epochs=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--data.init_args.synthetic_users=300",
+        "--data.init_args.max_len=12",
+        "--data.init_args.batch_size=4",
+        "--model.init_args.backbone.init_args.d_model=16",
+        "--model.init_args.backbone.init_args.dim_feedforward=32",
+    ]  # fmt: skip
+
+
+def entry_child(logs: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY_CHILD, "fit", *shipped_args(logs), *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_fit_ckpt_path_last_resumes_a_killed_run_in_its_own_folder(tmp_path, capsys):
+    """``python -m bft_lightning fit --ckpt_path last`` with the shipped cpu_quick config:
+    killed (SIGKILL) mid-epoch, resumed in the same log folder from the step-interval
+    ``last.ckpt``, it ends with the weights and test metrics of an uninterrupted run.
+    (The uninterrupted run and the resume run in this process, through the same entry.)"""
+    from bft_lightning.cli import entry
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the killed child: the same kernels, the same bits
+    try:
+        _killed_and_resumed(full, cut, entry, capsys)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _killed_and_resumed(full: Path, cut: Path, entry, capsys) -> None:  # type: ignore[no-untyped-def]
+    entry(["fit", *shipped_args(full)])
+    run = full / "quick" / "version_0"
+    reference = safe_load_checkpoint(run / "checkpoints" / "last.ckpt")
+    per_epoch = reference["global_step"] // 2
+    assert per_epoch > 55  # the step interval (50) falls inside the second epoch
+
+    kill_at = per_epoch + 55  # epoch 1; last.ckpt was written at step 100
+    kill = ["--trainer.callbacks+=__main__.KillAtStep", f"--trainer.callbacks.step={kill_at}"]
+    out = entry_child(cut, *kill)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    ckpts = cut / "quick" / "version_0" / "checkpoints"
+    saved = safe_load_checkpoint(ckpts / "last.ckpt")["global_step"]
+    assert saved == 100 and saved % per_epoch != 0  # a mid-epoch checkpoint
+    (ckpts / ".tmp-last.ckpt-stale").write_bytes(b"half a checkpoint")  # a killed writer's
+
+    capsys.readouterr()
+    entry(["fit", *shipped_args(cut), "--ckpt_path", "last"])
+    assert f"resuming {ckpts / 'last.ckpt'}" in capsys.readouterr().out
+    assert sorted(p.name for p in (cut / "quick").iterdir()) == ["version_0"]  # same folder
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.ckpt", "last.ckpt"]  # swept
+    resumed = safe_load_checkpoint(ckpts / "last.ckpt")
+    assert resumed["global_step"] == reference["global_step"]
+    a, b = reference["state_dict"], resumed["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    results = []
+    for logs in (full, cut):  # `test --ckpt_path best` of each run, into that run's folder
+        cli = main(["test", *shipped_args(logs), "--ckpt_path", "best"])
+        assert Path(cli.trainer.log_dir) == logs / "quick" / "version_0"
+        assert (logs / "quick" / "version_0" / "metrics.json").is_file()
+        results.append(cli.model.test_results)
+    assert results[0] == results[1] and results[0]["n"] == 300

@@ -78,8 +78,9 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
 class RunSummary(Callback):
     """One line per validation epoch; the stop reason and checkpoint paths after ``fit``."""
 
-    def __init__(self) -> None:
+    def __init__(self, test_table: bool = True) -> None:
         self.best: float | None = None
+        self.test_table = test_table  # print the metrics table after test/validate
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -135,7 +136,12 @@ class RunSummary(Callback):
 
     def _eval_end(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         results = getattr(pl_module, f"{stage}_results", None)
-        if not trainer.is_global_zero or not isinstance(results, dict) or not results:
+        if (
+            not self.test_table
+            or not trainer.is_global_zero
+            or not isinstance(results, dict)
+            or not results
+        ):
             return
         from bft_lightning.metrics.report import strata_table
 

@@ -86,8 +86,8 @@ def condense_parser_message(message: str) -> str:
         if keys and (deepest is None or len(keys) >= len(deepest[0])):
             deepest = ([k for _, k in keys], text.removeprefix("- "))
     if deepest is None:
-        first = lines[0].strip() if lines else "invalid arguments"
-        return first.removeprefix("error: ")
+        text = "; ".join(line.strip() for line in lines) or "invalid arguments"
+        return text.replace(' in "<unicode string>",', "").removeprefix("error: ")
     path, what = deepest
     first, sep, rest = what.partition(". Got value: ")
     if sep:
@@ -134,6 +134,27 @@ def _fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def yaml_problem(argv: Sequence[str]) -> str | None:
+    """The first YAML file named on the command line that does not parse, with its line."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+        if not value.endswith((".yaml", ".yml")) or not os.path.isfile(value):
+            continue
+        try:
+            yaml.safe_load(open(value, encoding="utf-8").read())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            what = getattr(err, "problem", None) or str(err).splitlines()[0]
+            context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+            if context and start is not None:
+                what += f", {context} that starts at line {start.line + 1}"
+            return f"{value}: {where}invalid YAML ({what})"
+    return None
+
+
 def run_with_clear_errors(func: Callable[[list[str]], Any], argv: Sequence[str]) -> int:
     """``func(argv without --debug)``; returns the exit code (0, or 2 for a bad input)."""
     debug, rest = debug_requested(argv)
@@ -149,7 +170,10 @@ def run_with_clear_errors(func: Callable[[list[str]], Any], argv: Sequence[str])
             raise  # --help (0) or a parser that already printed its own message
         return _fail(" ".join(str(stop.code).split()).removeprefix("error: "))
     except caught as err:
-        return _fail(one_line(err))
+        message = one_line(err)
+        if message.startswith("Problems parsing config"):
+            message = yaml_problem(rest) or message
+        return _fail(message)
     except Exception as err:  # a bad input wrapped by a library (jsonargparse, Lightning)
         inner = _innermost(err)
         if inner is err:
