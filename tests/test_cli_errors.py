@@ -65,8 +65,8 @@ def trained(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     ("arg", "expected"),
     [
-        ("--data.init_args.max_len=abc", "error: --data.init_args.max_len: Expected a <class 'int'>"),
-        ("--trainer.max_epochs=x", "error: --trainer.max_epochs: Expected a <class 'int'>. Got value: x"),
+        ("--data.init_args.max_len=abc", "error: --data.init_args.max_len: Expected a <class"),
+        ("--trainer.max_epochs=x", "error: --trainer.max_epochs: Expected a <class 'int'>. Got"),
         (
             "--model.init_args.backbone.init_args.d_model=zz",
             "error: --model.init_args.backbone.init_args.d_model: Expected a <class 'int'>",

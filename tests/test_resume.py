@@ -435,3 +435,38 @@ def _killed_and_resumed(full: Path, cut: Path, entry, capsys) -> None:  # type: 
         assert (logs / "quick" / "version_0" / "metrics.json").is_file()
         results.append(cli.model.test_results)
     assert results[0] == results[1] and results[0]["n"] == 300
+
+
+# ----------------------------------------------------------------------------- digest
+def test_a_flipped_bit_is_caught_by_the_digest_and_a_resaved_edit_is_not_flagged(tmp_path):
+    path = tmp_path / "model.ckpt"
+    weight = torch.randn(256, 16)
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": weight}, "epoch": 2}, path)
+    assert checkpoint_io_mod.stored_digest(path) is not None
+    assert torch.equal(safe_load_checkpoint(path)["state_dict"]["w"], weight)
+    data = bytearray(path.read_bytes())
+    at = data.find(weight.numpy().tobytes())
+    assert at > 0
+    data[at + 1001] ^= 0x01
+    flipped = tmp_path / "flipped.ckpt"
+    flipped.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(flipped, weights_only=True)["state_dict"]["w"], weight)
+    with pytest.raises(CheckpointLoadError, match=r"flipped.ckpt: content digest mismatch"):
+        safe_load_checkpoint(flipped)
+    edited = torch.load(path, weights_only=True)  # a deliberate edit, saved by plain torch.save
+    edited["epoch"] = 3
+    torch.save(edited, tmp_path / "edited.ckpt")
+    assert safe_load_checkpoint(tmp_path / "edited.ckpt")["epoch"] == 3
+
+
+def test_sweep_removes_only_temporary_checkpoint_files(tmp_path):
+    from bft_lightning.utils import sweep_temporary_files
+
+    for name in (".tmp-last.ckpt-abc123", "last.ckpt", ".tmp-notes.txt", "best.ckpt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert [Path(p).name for p in sweep_temporary_files(tmp_path)] == [".tmp-last.ckpt-abc123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".tmp-notes.txt",
+        "best.ckpt",
+        "last.ckpt",
+    ]

@@ -15,10 +15,13 @@ file raises :class:`CheckpointLoadError` naming the file and what is wrong.
 
 Digest: :class:`AtomicCheckpointIO` stores a SHA-256 of the checkpoint's
 content (every tensor's dtype, shape and bytes, every other value's repr, in
-key order) under ``DIGEST_KEY``; :func:`safe_load_checkpoint` recomputes it
-and refuses a file whose content changed after it was written (a flipped bit
-in a weight loads without any error from ``torch.load``). Checkpoints written
-without one (by Lightning's own writer, or before) load as before.
+key order) as one more record of the file's zip archive (``<archive>/bft_lightning.sha256``),
+written in the same atomic write; ``torch.load`` ignores it.
+:func:`safe_load_checkpoint` recomputes it and refuses a file whose content
+changed after it was written (a flipped bit in a weight loads without any error
+from ``torch.load``). A checkpoint without the record (Lightning's own writer,
+an older file, or one loaded, edited and saved again with ``torch.save``) loads
+as before.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +38,16 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 __all__ = [
-    "DIGEST_KEY",
+    "DIGEST_RECORD",
     "AtomicCheckpointIO",
     "CheckpointLoadError",
     "atomic_torch_save",
     "content_digest",
     "safe_load_checkpoint",
+    "stored_digest",
 ]
 
-DIGEST_KEY = "bft_lightning_digest"
+DIGEST_RECORD = "bft_lightning.sha256"
 
 
 class CheckpointLoadError(ValueError):
@@ -53,14 +58,22 @@ def _is_remote(path: str | os.PathLike) -> bool:
     return "://" in str(path)
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` through a temporary file in the same folder + ``os.replace``."""
+def atomic_torch_save(obj: Any, path: str | os.PathLike, digest: str | None = None) -> None:
+    """``torch.save(obj, path)`` through a temporary file in the same folder + ``os.replace``.
+
+    ``digest`` (see :func:`content_digest`) is added to the archive as a record of its own.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "w+b") as fh:
             torch.save(obj, fh)
+            if digest is not None:
+                fh.seek(0)
+                with zipfile.ZipFile(fh, "a") as archive:
+                    prefix = archive.namelist()[0].split("/")[0]
+                    archive.writestr(f"{prefix}/{DIGEST_RECORD}", digest)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
@@ -109,18 +122,28 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(f"V{type(obj).__name__}{len(text)}:".encode() + text)
 
 
-def content_digest(checkpoint: dict[str, Any]) -> str:
-    """SHA-256 (hex) of a checkpoint's content, its own digest entry left out."""
+def content_digest(checkpoint: Any) -> str:
+    """SHA-256 (hex) of a checkpoint's content: independent of how the file is laid out."""
     h = hashlib.sha256()
-    _feed(h, {k: v for k, v in checkpoint.items() if k != DIGEST_KEY})
+    _feed(h, checkpoint)
     return h.hexdigest()
 
 
+def stored_digest(path: str | os.PathLike) -> str | None:
+    """The digest record of a checkpoint file, or None (none written, or not a zip)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("/" + DIGEST_RECORD)), None)
+            return None if name is None else archive.read(name).decode("ascii", "replace")
+    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
+        return None
+
+
 def _check_digest(file: Path, obj: dict[str, Any]) -> None:
-    stored = obj.pop(DIGEST_KEY, None)
+    stored = stored_digest(file)
     if stored is None:
         return
-    if not isinstance(stored, str) or stored != content_digest(obj):
+    if stored != content_digest(obj):
         raise CheckpointLoadError(
             f"{file}: content digest mismatch: the file changed after it was written "
             "(disk or copy corruption); it is not loaded. Use another checkpoint."
@@ -173,7 +196,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        atomic_torch_save({**checkpoint, DIGEST_KEY: content_digest(checkpoint)}, path)
+        atomic_torch_save(checkpoint, path, digest=content_digest(checkpoint))
 
     def load_checkpoint(
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Any = None

@@ -18,39 +18,51 @@ __all__ = ["FILTERS", "quiet_third_party"]
 # (message regex (matched at its start), category, module regex, why it is safe to drop)
 FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
     (
+        r"\s*skip_none parameter was deprecated",
+        Warning,
+        r"",
+        "Lightning's SaveConfigCallback calls jsonargparse's dump(skip_none=...): not ours",
+    ),
+    (
+        r"\s*By default only one JsonargparseDeprecationWarning per type is shown",
+        Warning,
+        r"",
+        "the footnote of the jsonargparse warning above",
+    ),
+    (
         r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        FutureWarning,
-        r"lightning|torchmetrics|torch",
+        Warning,
+        r"",
         "Lightning's pytree helpers call an API torch deprecated; nothing for a user to change",
     ),
     (
         r"The number of training batches \(\d+\) is smaller than the logging interval",
-        UserWarning,
-        r"lightning",
+        Warning,
+        r"",
         "small data sets log once per epoch instead; the epoch summary line is printed anyway",
     ),
     (
         r".*License classifiers are deprecated",
-        UserWarning,
-        r"setuptools",
+        Warning,
+        r"",
         "packaging metadata of an installed dependency; unrelated to a run",
     ),
     (
         r"`?[Ll]icense`? .*(deprecated|TOML table)",
-        UserWarning,
-        r"setuptools",
+        Warning,
+        r"",
         "the same setuptools licence notice in its other wording",
     ),
     (
         r"Checkpoint directory .* exists and is not empty",
-        UserWarning,
-        r"lightning",
+        Warning,
+        r"",
         "a resumed run (--ckpt_path) writes on into its own checkpoint folder by design",
     ),
     (
         r".*does not have many workers which may be a bottleneck",
-        UserWarning,
-        r"lightning",
+        Warning,
+        r"",
         "the data sets are in memory: worker processes would only add start-up time",
     ),
 )
