@@ -74,6 +74,7 @@ def test_launch_mismatch_is_refused(monkeypatch) -> None:
 def test_console_script_exits_zero_after_a_run(tmp_path) -> None:
     """The installed ``bft-lightning`` script is ``sys.exit(<entry point>())``: the entry
     point must return None (an object would make every successful run exit 1)."""
+    import os
     import subprocess
     import sys
     from importlib.metadata import entry_points
@@ -84,7 +85,10 @@ def test_console_script_exits_zero_after_a_run(tmp_path) -> None:
     args = ["fit", "--config", str(cfg), "--trainer.fast_dev_run=1", "--trainer.logger=false",
             f"--trainer.default_root_dir={tmp_path}", "--data.init_args.synthetic_users=300",
             "--data.init_args.max_len=12"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(CONFIGS.parent)}  # this checkout's package
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, env=env
+    )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
 
 

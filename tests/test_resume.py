@@ -470,3 +470,47 @@ def test_sweep_removes_only_temporary_checkpoint_files(tmp_path):
         "best.ckpt",
         "last.ckpt",
     ]
+
+
+# ----------------------------------------------------------------------------- run folder
+def run_config(save_dir: Path, ckpt: str | None, version: object = None):  # type: ignore[no-untyped-def]
+    from jsonargparse import Namespace
+
+    logger = Namespace(
+        class_path="lightning.pytorch.loggers.TensorBoardLogger",
+        init_args=Namespace(save_dir=str(save_dir), name="quick", version=version),
+    )
+    return Namespace(ckpt_path=ckpt, trainer=Namespace(logger=logger, callbacks=[]))
+
+
+def test_ckpt_path_last_pins_the_newest_run_and_its_folder(tmp_path, capsys):
+    from bft_lightning.utils.run_dir import pin_run
+
+    for i, run in enumerate(("version_0", "version_1", "version_2")):
+        folder = tmp_path / "quick" / run / "checkpoints"
+        folder.mkdir(parents=True)
+        if run != "version_2":  # version_2: a run killed before its first checkpoint
+            (folder / "last.ckpt").write_bytes(b"x")
+            os.utime(folder / "last.ckpt", (1000 + i, 1000 + i))
+    config = run_config(tmp_path, "last")
+    pin_run(config, "fit")
+    newest = tmp_path / "quick" / "version_1" / "checkpoints" / "last.ckpt"
+    assert config.ckpt_path == str(newest)
+    assert config.trainer.logger.init_args.version == "version_1"
+    assert "resuming" in capsys.readouterr().out
+
+    config = run_config(tmp_path, "last", version=0)  # a version the config sets: that run
+    pin_run(config, "fit")
+    assert config.ckpt_path.endswith("version_0/checkpoints/last.ckpt")
+    assert config.trainer.logger.init_args.version == 0
+
+    explicit = str(tmp_path / "quick" / "version_0" / "checkpoints" / "last.ckpt")
+    config = run_config(tmp_path, explicit)
+    pin_run(config, "test")
+    assert config.ckpt_path == explicit and config.trainer.logger.init_args.version == "version_0"
+
+    config = run_config(tmp_path / "elsewhere", "last")
+    pin_run(config, "fit")  # nothing to resume: a new run, said plainly
+    assert config.ckpt_path is None and "starting a new run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--ckpt_path best: no checkpoint found"):
+        pin_run(run_config(tmp_path, "best"), "test")

@@ -16,7 +16,8 @@ logger's ``version`` to the folder it lies in, so that
   writes into ``<run>`` too.
 
 Only loggers configured with ``class_path`` and a ``save_dir`` are pinned, and
-never over a ``version`` the config sets itself; checkpoint callbacks with
+never over a ``version`` the config sets itself (``last``/``best`` are then
+looked for in that run); checkpoint callbacks with
 their own ``dirpath`` are left to Lightning's own ``last`` lookup.
 """
 
@@ -26,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["newest_checkpoint", "pin_run"]
+__all__ = ["pin_run"]
 
 
 def _get(ns: Any, key: str, default: Any = None) -> Any:
@@ -54,12 +55,6 @@ def _own_dirpath(trainer: Any) -> bool:
     return False
 
 
-def newest_checkpoint(root: Path, pattern: str) -> Path | None:
-    """The most recently written ``root/*/checkpoints/<pattern>``, if any."""
-    found = [p for p in root.glob(f"*/checkpoints/{pattern}") if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
 def _say(text: str) -> None:
     if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
         print(text, flush=True)
@@ -78,9 +73,16 @@ def pin_run(config: Any, subcommand: str) -> None:
         if _own_dirpath(trainer):
             return  # Lightning finds `last` in that folder itself
         name = str(ckpt)
-        path = newest_checkpoint(root, f"{name}*.ckpt")
+        version = _get(init, "version")
+        run = (
+            "*"
+            if version is None
+            else (version if isinstance(version, str) else f"version_{version}")
+        )
+        found = [p for p in root.glob(f"{run}/checkpoints/{name}*.ckpt") if p.is_file()]
+        path = max(found, key=lambda p: p.stat().st_mtime) if found else None
         if path is None:
-            where = f"{root}/*/checkpoints/{name}*.ckpt"
+            where = f"{root}/{run}/checkpoints/{name}*.ckpt"
             if subcommand == "fit" and name == "last":
                 _say(f"--ckpt_path last: no checkpoint yet ({where}): starting a new run")
                 config["ckpt_path"] = None
