@@ -53,8 +53,10 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
     """(converged, sentence): whether early stopping ended ``fit``, said plainly."""
     stopper = trainer.early_stopping_callback
     if stopper is not None and stopper.stopped_epoch > 0:
+        delta = abs(float(stopper.min_delta))
+        by = f" by more than {delta:g}" if delta else ""
         return True, (
-            f"early stopping converged: {stopper.monitor} did not improve for "
+            f"early stopping converged: {stopper.monitor} did not improve{by} for "
             f"{stopper.patience} validations; stopped after epoch {stopper.stopped_epoch + 1}"
         )
     if trainer.interrupted:
