@@ -12,16 +12,48 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import Trainer
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 import bft_lightning.callbacks  # noqa: F401  (short names for --trainer.callbacks)
 import bft_lightning.datamodules  # noqa: F401
 import bft_lightning.models  # noqa: F401
 import bft_lightning.tasks  # noqa: F401
 from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
+from bft_lightning.utils.errors import run_with_clear_errors
+
+PROG = "python -m bft_lightning"
+
+_MAIN_HELP = """Train and evaluate sequential recommenders and language models with BFT.
+
+  python -m bft_lightning fit  --config configs/experiments/sasrec_on_synthetic.yaml
+  python -m bft_lightning fit  --config ... --ckpt_path last    # continue that run
+  python -m bft_lightning test --config ... --ckpt_path best    # test its best checkpoint
+
+`<subcommand> --help` leads with the options that matter; --debug shows tracebacks."""
+
+# what ``<subcommand> --help`` shows first, before the full list of options
+_USAGE = {
+    "fit": "--config CONFIG.yaml [--ckpt_path last|PATH] [--trainer.max_epochs N] [options]",
+    "validate": "--config CONFIG.yaml --ckpt_path last|best|PATH [options]",
+    "test": "--config CONFIG.yaml --ckpt_path last|best|PATH [options]",
+    "predict": "--config CONFIG.yaml --ckpt_path last|best|PATH [options]",
+}
+_LEAD = """The options that matter most:
+  --config FILE               an experiment (configs/experiments/*.yaml); repeat to layer files
+  --ckpt_path last|best|PATH  continue (fit) or evaluate a run: `last`/`best` take the newest
+                              run under the logger's folder and write into that run's folder
+  --trainer.max_epochs N      the epoch cap (early stopping usually ends a run first)
+  --trainer.accelerator/devices/precision   where and how to run (cpu, gpu, bf16-mixed ...)
+  --data.init_args.data_root DIR            where the data sets are (default ../shared/data)
+  --model.init_args.lr LR, --model.init_args.backbone.init_args.precision on|off
+  --print_config              print the full resolved config and exit
+  --debug                     show the full traceback of an error (or set BFT_DEBUG=1)
+Every other option follows; docs/cli.md describes output, resume and errors."""
 
 
 class BFTCLI(LightningCLI):
@@ -31,20 +63,49 @@ class BFTCLI(LightningCLI):
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
         parser.link_arguments("data.max_len", "model.init_args.max_len", apply_on="instantiate")
 
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("usage", f"{PROG} {subcommand} {_USAGE.get(subcommand, '[options]')}")
+        kwargs["description"] = f"{kwargs.get('description') or ''}\n\n{_LEAD}".strip()
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand in ("validate", "test"):
+            # the run's own table (RunSummary, metrics.md) replaces Lightning's 100-row print
+            parser.set_defaults(verbose=False)
+        return parser
+
     def before_instantiate_classes(self) -> None:
         check_launch(
             self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         )
 
-    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        trainer = super().instantiate_trainer(**kwargs)
-        check_world_size(trainer)
-        return trainer
-
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        super().parse_arguments(parser, args)
+        saved = sys.argv
+        if args is not None:  # given explicitly: the process's own argv is not ours to read
+            sys.argv = saved[:1]  # (LightningCLI would warn about both, once per call)
+        try:
+            super().parse_arguments(parser, args)
+        finally:
+            sys.argv = saved
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            from bft_lightning.utils.run_dir import pin_run
+
+            pin_run(self.config[subcommand], subcommand)
         self._checkpoint = self._read_checkpoint()
         self._use_checkpoint_vocabulary()
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        from bft_lightning.callbacks.summary import RunSummary
+
+        trainer = super().instantiate_trainer(**kwargs)
+        check_world_size(trainer)
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        if not any(isinstance(c, RunSummary) for c in callbacks):
+            callbacks.append(RunSummary())
+        if self.subcommand not in (None, "fit"):
+            for callback in callbacks:  # `test` into a run's folder keeps its fit config
+                if isinstance(callback, SaveConfigCallback):
+                    callback.config_filename = f"config_{self.subcommand}.yaml"
+        return trainer
 
     def _use_checkpoint_vocabulary(self) -> None:
         """Encode the data in ``--ckpt_path``'s item vocabulary (``data.item_vocabulary``).
@@ -208,28 +269,72 @@ def check_world_size(trainer: Trainer) -> None:
         )
 
 
-def main(args: list[str] | None = None, run: bool = True) -> BFTCLI:
-    """Entry point; ``args`` replaces ``sys.argv[1:]`` (for tests).
+class _LeadFormatter(DefaultHelpFormatter):
+    """Keeps the line breaks of the description (the options that matter most)."""
 
-    ``recommend`` runs :mod:`bft_lightning.serving.cli` and exits with its status."""
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool = True) -> Any:
+    """The CLI; ``args`` replaces ``sys.argv[1:]`` (for tests). Errors propagate.
+
+    ``exit_on_error=False`` makes a parse error raise (jsonargparse's
+    ``ArgumentError``) instead of printing the usage and exiting; :func:`entry`
+    uses it to print one line instead.
+
+    ``recommend`` runs :mod:`bft_lightning.serving.cli` and exits with its status.
+    """
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] == "recommend":
         from bft_lightning.serving.cli import main as recommend
 
         raise SystemExit(recommend(argv[1:]))
+    per_command = {"exit_on_error": exit_on_error}
+    parser_kwargs: dict[str, Any] = {
+        "default_env": True, "prog": PROG, "formatter_class": _LeadFormatter,
+        "description": _MAIN_HELP, **per_command,
+    }  # fmt: skip
+    parser_kwargs.update({name: dict(per_command) for name in _USAGE})
     return BFTCLI(
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"default_env": True},
+        parser_kwargs=parser_kwargs,
         args=args,
         run=run,
     )
 
 
-def run() -> None:
-    """The ``bft-lightning`` console script: :func:`main` with the process's arguments.
+def entry(argv: Sequence[str] | None = None) -> None:
+    """``python -m bft_lightning`` and the ``bft-lightning`` script.
 
-    Returns None, so the script exits 0 (``sys.exit`` of the CLI object would be
-    an error exit)."""
-    main()
+    Known third-party warnings are filtered (:mod:`bft_lightning.utils.noise`);
+    a bad input ends with one ``error:`` line on stderr and exit code 2, no
+    traceback (``--debug`` or ``BFT_DEBUG=1``: the full traceback, no filters).
+    """
+    from bft_lightning.utils.errors import debug_requested
+    from bft_lightning.utils.noise import quiet_third_party
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not debug_requested(args)[0]:
+        quiet_third_party()
+
+    def call(rest: list[str]) -> None:
+        if argv is None:  # LightningCLI reads sys.argv itself (args= as well would warn)
+            sys.argv[1:] = rest
+            main(None, exit_on_error=False)
+        else:
+            main(rest, exit_on_error=False)
+
+    code = run_with_clear_errors(call, args)
+    if code:
+        raise SystemExit(code)
+
+
+def run() -> None:
+    """The ``bft-lightning`` console script: :func:`entry` with the process's arguments.
+
+    Returns None on success, so the script exits 0 (``sys.exit`` of the CLI
+    object would be an error exit); a bad input exits 2."""
+    entry()

@@ -343,3 +343,174 @@ def test_killed_twice_mid_epoch_and_resumed_equals_uninterrupted(tmp_path):
         cli = main([*cli_args(run, "test"), f"--ckpt_path={ckpt}"])
         results.append(cli.model.test_results)
     assert results[0] == results[1] and results[0]["n"] == 300
+
+
+# ----------------------------------------------------------------------------- the shipped configs
+ENTRY_CHILD = """
+import os, signal
+from lightning.pytorch import Callback
+
+class KillAtStep(Callback):
+    def __init__(self, step: int = -1):
+        self.step = step
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+from bft_lightning.cli import entry
+entry()
+"""
+
+
+def shipped_args(logs: Path) -> list[str]:
+    """The quick-start experiment with its shipped trainer config (cpu_quick.yaml), small."""
+    return [
+        "--config", str(EXPERIMENT),
+        f"--trainer.logger.init_args.save_dir={logs}",
+        "--trainer.max_epochs=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--data.init_args.synthetic_users=300",
+        "--data.init_args.max_len=12",
+        "--data.init_args.batch_size=4",
+        "--model.init_args.backbone.init_args.d_model=16",
+        "--model.init_args.backbone.init_args.dim_feedforward=32",
+    ]  # fmt: skip
+
+
+def entry_child(logs: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY_CHILD, "fit", *shipped_args(logs), *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_fit_ckpt_path_last_resumes_a_killed_run_in_its_own_folder(tmp_path, capsys):
+    """``python -m bft_lightning fit --ckpt_path last`` with the shipped cpu_quick config:
+    killed (SIGKILL) mid-epoch, resumed in the same log folder from the step-interval
+    ``last.ckpt``, it ends with the weights and test metrics of an uninterrupted run.
+    (The uninterrupted run and the resume run in this process, through the same entry.)"""
+    from bft_lightning.cli import entry
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the killed child: the same kernels, the same bits
+    try:
+        _killed_and_resumed(full, cut, entry, capsys)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _killed_and_resumed(full: Path, cut: Path, entry, capsys) -> None:  # type: ignore[no-untyped-def]
+    entry(["fit", *shipped_args(full)])
+    run = full / "quick" / "version_0"
+    reference = safe_load_checkpoint(run / "checkpoints" / "last.ckpt")
+    per_epoch = reference["global_step"] // 2
+    assert per_epoch > 55  # the step interval (50) falls inside the second epoch
+
+    kill_at = per_epoch + 55  # epoch 1; last.ckpt was written at step 100
+    kill = ["--trainer.callbacks+=__main__.KillAtStep", f"--trainer.callbacks.step={kill_at}"]
+    out = entry_child(cut, *kill)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    ckpts = cut / "quick" / "version_0" / "checkpoints"
+    saved = safe_load_checkpoint(ckpts / "last.ckpt")["global_step"]
+    assert saved == 100 and saved % per_epoch != 0  # a mid-epoch checkpoint
+    (ckpts / ".tmp-last.ckpt-stale").write_bytes(b"half a checkpoint")  # a killed writer's
+
+    capsys.readouterr()
+    entry(["fit", *shipped_args(cut), "--ckpt_path", "last"])
+    assert f"resuming {ckpts / 'last.ckpt'}" in capsys.readouterr().out
+    assert sorted(p.name for p in (cut / "quick").iterdir()) == ["version_0"]  # same folder
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.ckpt", "last.ckpt"]  # swept
+    resumed = safe_load_checkpoint(ckpts / "last.ckpt")
+    assert resumed["global_step"] == reference["global_step"]
+    a, b = reference["state_dict"], resumed["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    results = []
+    for logs in (full, cut):  # `test --ckpt_path best` of each run, into that run's folder
+        cli = main(["test", *shipped_args(logs), "--ckpt_path", "best"])
+        assert Path(cli.trainer.log_dir) == logs / "quick" / "version_0"
+        assert (logs / "quick" / "version_0" / "metrics.json").is_file()
+        results.append(cli.model.test_results)
+    assert results[0] == results[1] and results[0]["n"] == 300
+
+
+# ----------------------------------------------------------------------------- digest
+def test_a_flipped_bit_is_caught_by_the_digest_and_a_resaved_edit_is_not_flagged(tmp_path):
+    path = tmp_path / "model.ckpt"
+    weight = torch.randn(256, 16)
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": weight}, "epoch": 2}, path)
+    assert checkpoint_io_mod.stored_digest(path) is not None
+    assert torch.equal(safe_load_checkpoint(path)["state_dict"]["w"], weight)
+    data = bytearray(path.read_bytes())
+    at = data.find(weight.numpy().tobytes())
+    assert at > 0
+    data[at + 1001] ^= 0x01
+    flipped = tmp_path / "flipped.ckpt"
+    flipped.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(flipped, weights_only=True)["state_dict"]["w"], weight)
+    with pytest.raises(CheckpointLoadError, match=r"flipped.ckpt: content digest mismatch"):
+        safe_load_checkpoint(flipped)
+    edited = torch.load(path, weights_only=True)  # a deliberate edit, saved by plain torch.save
+    edited["epoch"] = 3
+    torch.save(edited, tmp_path / "edited.ckpt")
+    assert safe_load_checkpoint(tmp_path / "edited.ckpt")["epoch"] == 3
+
+
+def test_sweep_removes_only_temporary_checkpoint_files(tmp_path):
+    from bft_lightning.utils import sweep_temporary_files
+
+    for name in (".tmp-last.ckpt-abc123", "last.ckpt", ".tmp-notes.txt", "best.ckpt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert [Path(p).name for p in sweep_temporary_files(tmp_path)] == [".tmp-last.ckpt-abc123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".tmp-notes.txt",
+        "best.ckpt",
+        "last.ckpt",
+    ]
+
+
+# ----------------------------------------------------------------------------- run folder
+def run_config(save_dir: Path, ckpt: str | None, version: object = None):  # type: ignore[no-untyped-def]
+    from jsonargparse import Namespace
+
+    logger = Namespace(
+        class_path="lightning.pytorch.loggers.TensorBoardLogger",
+        init_args=Namespace(save_dir=str(save_dir), name="quick", version=version),
+    )
+    return Namespace(ckpt_path=ckpt, trainer=Namespace(logger=logger, callbacks=[]))
+
+
+def test_ckpt_path_last_pins_the_newest_run_and_its_folder(tmp_path, capsys):
+    from bft_lightning.utils.run_dir import pin_run
+
+    for i, run in enumerate(("version_0", "version_1", "version_2")):
+        folder = tmp_path / "quick" / run / "checkpoints"
+        folder.mkdir(parents=True)
+        if run != "version_2":  # version_2: a run killed before its first checkpoint
+            (folder / "last.ckpt").write_bytes(b"x")
+            os.utime(folder / "last.ckpt", (1000 + i, 1000 + i))
+    config = run_config(tmp_path, "last")
+    pin_run(config, "fit")
+    newest = tmp_path / "quick" / "version_1" / "checkpoints" / "last.ckpt"
+    assert config.ckpt_path == str(newest)
+    assert config.trainer.logger.init_args.version == "version_1"
+    assert "resuming" in capsys.readouterr().out
+
+    config = run_config(tmp_path, "last", version=0)  # a version the config sets: that run
+    pin_run(config, "fit")
+    assert config.ckpt_path.endswith("version_0/checkpoints/last.ckpt")
+    assert config.trainer.logger.init_args.version == 0
+
+    explicit = str(tmp_path / "quick" / "version_0" / "checkpoints" / "last.ckpt")
+    config = run_config(tmp_path, explicit)
+    pin_run(config, "test")
+    assert config.ckpt_path == explicit and config.trainer.logger.init_args.version == "version_0"
+
+    config = run_config(tmp_path / "elsewhere", "last")
+    pin_run(config, "fit")  # nothing to resume: a new run, said plainly
+    assert config.ckpt_path is None and "starting a new run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--ckpt_path best: no checkpoint found"):
+        pin_run(run_config(tmp_path, "best"), "test")

@@ -205,6 +205,9 @@ class GainByStratum(EvalRecorder):
             table[c] = [[None if math.isnan(x) else x for x in row] for row in m[c].tolist()]
         table["nonfinite"] = self.last_nonfinite.tolist()
         report.write_text(f"{stem}.json", json.dumps(table, indent=1))
+        measured = m["K"][~empty]
+        if measured.numel() and bool((measured == 1).all()):
+            return  # precision="off": K is 1 everywhere, a plot of it would mean nothing
         panels = [("mean K", names, m["K"]), ("mean log lambda (prior)", names, m["log_prec"])]
         title = f"Gain by item stratum ({prefix}, step {step})"
         report.save_line_plot(f"{stem}.png", cols, panels, title, "item popularity quartile")

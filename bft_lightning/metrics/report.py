@@ -91,7 +91,9 @@ def _fmt(value: float | None, key: str) -> str:
         return "–"
     if math.isnan(value):
         return "nan"
-    return str(int(value)) if key.split("/")[-1] == "n" else f"{value:.4f}"
+    if key.split("/")[-1] == "n":
+        return str(int(value))
+    return "0" if value == 0 else f"{value:#.4g}"  # four significant digits
 
 
 def _fmt_delta(delta: float, key: str) -> str:

@@ -8,6 +8,8 @@
 - ``StepSeed``: a callback that reseeds torch before every training batch from
   ``(seed, epoch, batch, rank)``, so dropout and sampled negatives do not
   depend on what ran before (a resumed run draws the same numbers).
+- ``LastCheckpoint``: ``last.ckpt`` on a step interval and at each epoch's end
+  (what ``--ckpt_path last`` resumes), sweeping stale temporary files.
 - ``EpochTimer``: seconds per training epoch, the epoch's validation left out.
 """
 
@@ -17,15 +19,22 @@ from bft_lightning.utils.checkpoint_io import (
     atomic_torch_save,
     safe_load_checkpoint,
 )
-from bft_lightning.utils.resume import ResumableDataLoader, StepSeed
+from bft_lightning.utils.resume import (
+    LastCheckpoint,
+    ResumableDataLoader,
+    StepSeed,
+    sweep_temporary_files,
+)
 from bft_lightning.utils.timing import EpochTimer
 
 __all__ = [
     "AtomicCheckpointIO",
     "CheckpointLoadError",
     "EpochTimer",
+    "LastCheckpoint",
     "ResumableDataLoader",
     "StepSeed",
     "atomic_torch_save",
     "safe_load_checkpoint",
+    "sweep_temporary_files",
 ]

@@ -12,20 +12,42 @@ the log folder is another file system, e.g. a Docker volume.)
 Loading: ``torch.load(..., weights_only=True)`` always, so a checkpoint can
 hold tensors and plain containers but no code; a truncated, corrupt or unsafe
 file raises :class:`CheckpointLoadError` naming the file and what is wrong.
+
+Digest: :class:`AtomicCheckpointIO` stores a SHA-256 of the checkpoint's
+content (every tensor's dtype, shape and bytes, every other value's repr, in
+key order) as one more record of the file's zip archive (``<archive>/bft_lightning.sha256``),
+written in the same atomic write; ``torch.load`` ignores it.
+:func:`safe_load_checkpoint` recomputes it and refuses a file whose content
+changed after it was written (a flipped bit in a weight loads without any error
+from ``torch.load``). A checkpoint without the record (Lightning's own writer,
+an older file, or one loaded, edited and saved again with ``torch.save``) loads
+as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "CheckpointLoadError", "atomic_torch_save", "safe_load_checkpoint"]
+__all__ = [
+    "DIGEST_RECORD",
+    "AtomicCheckpointIO",
+    "CheckpointLoadError",
+    "atomic_torch_save",
+    "content_digest",
+    "safe_load_checkpoint",
+    "stored_digest",
+]
+
+DIGEST_RECORD = "bft_lightning.sha256"
 
 
 class CheckpointLoadError(ValueError):
@@ -36,14 +58,22 @@ def _is_remote(path: str | os.PathLike) -> bool:
     return "://" in str(path)
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` through a temporary file in the same folder + ``os.replace``."""
+def atomic_torch_save(obj: Any, path: str | os.PathLike, digest: str | None = None) -> None:
+    """``torch.save(obj, path)`` through a temporary file in the same folder + ``os.replace``.
+
+    ``digest`` (see :func:`content_digest`) is added to the archive as a record of its own.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "w+b") as fh:
             torch.save(obj, fh)
+            if digest is not None:
+                fh.seek(0)
+                with zipfile.ZipFile(fh, "a") as archive:
+                    prefix = archive.namelist()[0].split("/")[0]
+                    archive.writestr(f"{prefix}/{DIGEST_RECORD}", digest)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
@@ -61,6 +91,63 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def _feed(h: Any, obj: Any) -> None:
+    """Hash ``obj`` canonically: containers in key order, tensors by dtype, shape and bytes."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        t = t.cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        items = sorted(obj.items(), key=lambda kv: repr(kv[0]))
+        h.update(f"D{len(items)}:".encode())
+        for key, value in items:
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(obj, list | tuple):
+        h.update(f"{type(obj).__name__[0]}{len(obj)}:".encode())
+        for value in obj:
+            _feed(h, value)
+    elif isinstance(obj, set | frozenset):
+        h.update(f"S{len(obj)}:".encode())
+        for value in sorted(obj, key=repr):
+            _feed(h, value)
+    else:
+        text = repr(obj).encode()
+        h.update(f"V{type(obj).__name__}{len(text)}:".encode() + text)
+
+
+def content_digest(checkpoint: Any) -> str:
+    """SHA-256 (hex) of a checkpoint's content: independent of how the file is laid out."""
+    h = hashlib.sha256()
+    _feed(h, checkpoint)
+    return h.hexdigest()
+
+
+def stored_digest(path: str | os.PathLike) -> str | None:
+    """The digest record of a checkpoint file, or None (none written, or not a zip)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("/" + DIGEST_RECORD)), None)
+            return None if name is None else archive.read(name).decode("ascii", "replace")
+    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
+        return None
+
+
+def _check_digest(file: Path, obj: dict[str, Any]) -> None:
+    stored = stored_digest(file)
+    if stored is None:
+        return
+    if stored != content_digest(obj):
+        raise CheckpointLoadError(
+            f"{file}: content digest mismatch: the file changed after it was written "
+            "(disk or copy corruption); it is not loaded. Use another checkpoint."
+        )
 
 
 def safe_load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
@@ -89,11 +176,12 @@ def safe_load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> 
         ) from None
     if not isinstance(obj, dict):
         raise CheckpointLoadError(f"{file}: expected a checkpoint dict, found {type(obj).__name__}")
+    _check_digest(file, obj)
     return obj
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning ``CheckpointIO``: atomic local writes, ``weights_only=True`` loads.
+    """Lightning ``CheckpointIO``: atomic writes with a digest; checked ``weights_only`` loads.
 
     Use it with ``Trainer(plugins=[AtomicCheckpointIO()])`` or, in a trainer
     config, ``plugins: [{class_path: bft_lightning.utils.AtomicCheckpointIO}]``.
@@ -108,7 +196,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        atomic_torch_save(checkpoint, path)
+        atomic_torch_save(checkpoint, path, digest=content_digest(checkpoint))
 
     def load_checkpoint(
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Any = None

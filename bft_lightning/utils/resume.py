@@ -8,7 +8,9 @@ What a resumed run needs to repeat an uninterrupted one exactly:
 3. the position inside the epoch: :class:`ResumableDataLoader` (Lightning saves
    its ``state_dict`` in the checkpoint and hands it back on resume; a plain
    ``DataLoader`` restarts the epoch from its first batch, with a warning);
-4. the random numbers of each step (dropout, sampled negatives): :class:`StepSeed`.
+4. the random numbers of each step (dropout, sampled negatives): :class:`StepSeed`;
+5. a checkpoint between validations: :class:`LastCheckpoint` (``last.ckpt``
+   on a step interval and at each epoch's end).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-__all__ = ["ResumableDataLoader", "StepSeed"]
+__all__ = ["LastCheckpoint", "ResumableDataLoader", "StepSeed", "sweep_temporary_files"]
 
 
 class ResumableDataLoader(DataLoader):
@@ -111,3 +114,65 @@ class StepSeed(Callback):
         key = [base & 0xFFFFFFFF, trainer.current_epoch, batch_idx, trainer.global_rank]
         state = np.random.SeedSequence(key).generate_state(2, dtype=np.uint32)
         torch.manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)  # CPU and every CUDA device
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` every ``every_n_train_steps`` steps and at every epoch's end.
+
+    The best-checkpoint callback of a config (``monitor: val/ndcg@10``) writes
+    only when validation runs; this one is what ``--ckpt_path last`` resumes
+    from: a run killed between validations loses at most ``every_n_train_steps``
+    steps (exactly resumed mid-epoch, see :class:`ResumableDataLoader`). It
+    keeps one file (``save_top_k=0``, ``save_last=True``), overwritten in place.
+
+    Before the first save of a run it sweeps the folder of temporary files that
+    a killed writer left (``.tmp-*`` of :func:`atomic_torch_save`, ``.*.ckpt.*``
+    partial files): nothing reads them, and a run killed in a loop would pile
+    them up.
+    """
+
+    def __init__(self, every_n_train_steps: int = 50, dirpath: str | None = None) -> None:
+        if every_n_train_steps < 1:
+            raise ValueError(
+                f"LastCheckpoint: every_n_train_steps must be >= 1, got {every_n_train_steps}"
+            )
+        super().__init__(
+            dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=every_n_train_steps
+        )
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and trainer.is_global_zero and self.dirpath:
+            sweep_temporary_files(self.dirpath)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        # after the epoch's validation (it runs before this hook), so the saved
+        # early-stopping and best-model state is the epoch's final one
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return
+        if trainer.state.fn != "fit":
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def sweep_temporary_files(folder: str | os.PathLike) -> list[str]:
+    """Remove the temporary files of interrupted checkpoint writes in ``folder``.
+
+    Only names :func:`~bft_lightning.utils.checkpoint_io.atomic_torch_save`
+    gives its temporary files (``.tmp-<name>.ckpt-<random>``); call it when no
+    other process writes into ``folder`` (a run's own checkpoint folder, rank 0).
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(os.fspath(folder)))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = str(entry.name)
+        if entry.is_file() and (name.startswith(".tmp-") and ".ckpt-" in name):
+            try:
+                os.unlink(entry.path)
+                removed.append(str(entry.path))
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,86 @@
+"""Known third-party noise, filtered at the command line's entry only.
+
+:func:`quiet_third_party` is called by ``python -m bft_lightning`` and the quick
+start before anything is imported that could print; it is never called on
+import of the package, so a program or a test that uses the library sees every
+warning. Each filter names one message, matched from its start, and says why it
+is safe to drop (``docs/cli.md`` lists them too). ``--debug`` or ``BFT_DEBUG=1``
+turns all of them off.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+__all__ = ["FILTERS", "quiet_third_party"]
+
+# (message regex (matched at its start), category, module regex, why it is safe to drop)
+FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
+    (
+        r"\s*skip_none parameter was deprecated",
+        Warning,
+        r"",
+        "Lightning's SaveConfigCallback calls jsonargparse's dump(skip_none=...): not ours",
+    ),
+    (
+        r"\s*By default only one JsonargparseDeprecationWarning per type is shown",
+        Warning,
+        r"",
+        "the footnote of the jsonargparse warning above",
+    ),
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        Warning,
+        r"",
+        "Lightning's pytree helpers call an API torch deprecated; nothing for a user to change",
+    ),
+    (
+        r"The number of training batches \(\d+\) is smaller than the logging interval",
+        Warning,
+        r"",
+        "small data sets log once per epoch instead; the epoch summary line is printed anyway",
+    ),
+    (
+        r".*License classifiers are deprecated",
+        Warning,
+        r"",
+        "packaging metadata of an installed dependency; unrelated to a run",
+    ),
+    (
+        r"`?[Ll]icense`? .*(deprecated|TOML table)",
+        Warning,
+        r"",
+        "the same setuptools licence notice in its other wording",
+    ),
+    (
+        r"Checkpoint directory .* exists and is not empty",
+        Warning,
+        r"",
+        "a resumed run (--ckpt_path) writes on into its own checkpoint folder by design",
+    ),
+    (
+        r".*does not have many workers which may be a bottleneck",
+        Warning,
+        r"",
+        "the data sets are in memory: worker processes would only add start-up time",
+    ),
+)
+
+# Lightning's INFO line advertising a cloud logger (printed on every run)
+_TIP_PREFIX = "\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging"
+
+
+class _DropTip(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_TIP_PREFIX)
+
+
+def quiet_third_party() -> None:
+    """Install the filters of :data:`FILTERS` and drop Lightning's litlogger tip."""
+    for message, category, module, _why in FILTERS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTip) for f in logger.filters):
+            logger.addFilter(_DropTip())
