@@ -10,10 +10,12 @@ at once; the excluded entries of each tile are set to -inf first
 Top-k: a tile's columns are cut into ``stride`` groups of ``TILE_GROUP``
 columns (group r holds columns ``r, r + stride, ...``, so a group maximum is
 an elementwise max over the rows of the tile's (group, stride) view, which
-vectorises). The tile's top k lies in its k groups with the largest maxima (a
-group outside them has k group maxima at or above its own); those columns are
-gathered from the tile itself, so the values returned are the tile's scores,
-and merged with the running top k. The log-sum-exp is accumulated tile by
+vectorises). Only groups whose maximum beats the running k-th best score can
+change the top k; they are gathered from the tile itself (so the values
+returned are the tile's scores) and merged with the running top k. Where
+many groups beat it (the first tiles), the k groups with the largest maxima
+are taken instead: they hold the tile's top k (a group outside them has k
+group maxima at or above its own). The log-sum-exp is accumulated tile by
 tile from the same scores.
 
 Ranks: every score, the target's included, comes from the same tile GEMMs, so
@@ -44,34 +46,71 @@ def _exclusion(exclude: Tensor | None, rows: Tensor | slice) -> Exclusion | None
     return None if exclude is None else Exclusion(exclude[rows])
 
 
-def tile_topk(tile: Tensor, k: int, group: int = TILE_GROUP) -> tuple[Tensor, Tensor]:
-    """``tile.topk(min(k, w), dim=1)`` (values, column ids) through strided group maxima.
+def tile_candidates(
+    tile: Tensor, k: int, threshold: Tensor, group: int = TILE_GROUP
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Entries of ``tile`` (c, w) that can enter a running top k, and each row's maximum.
 
-    Equal to ``topk`` except in which of equally scored columns is returned. The
+    ``threshold`` (c, 1) is the running k-th best score (-inf while fewer are known):
+    an entry at or below it cannot change the top k's values. Returns candidate
+    values and their columns (c, m), a superset of the tile's entries above the
+    threshold among its top k, and the row maxima (c,). Groups whose maximum is
+    above the threshold are gathered; where more than ``2k`` are (the first tiles)
+    the k groups with the largest maxima are, which hold the tile's top k. The
     columns after the last whole group are always candidates.
     """
     c, w = tile.shape
     stride = w // group
     if stride < 4 * k:  # too few groups for the prefilter to pay
-        return tile.topk(min(k, w), dim=1)
+        v, cols = tile.topk(min(k, w), dim=1)
+        return v, cols, tile.amax(1)
     covered = stride * group
     maxima = tile[:, :covered].unflatten(1, (group, stride)).amax(1)  # (c, stride)
-    best = maxima.topk(k, dim=1).indices  # (c, k) groups
-    offsets = torch.arange(group, device=tile.device) * stride
-    cols = (best.unsqueeze(-1) + offsets).flatten(1)  # (c, k group)
+    row_max = maxima.amax(1)
+    offsets = torch.arange(group, device=tile.device) * stride  # group g: g + m stride
+    hit = maxima > threshold  # (c, stride)
+    counts = hit.sum(1)
+    most = int(counts.max()) if c else 0
+    if most > 2 * k:
+        best = maxima.topk(k, dim=1).indices  # (c, k) groups
+        cols = (best.unsqueeze(-1) + offsets).flatten(1)  # (c, k group)
+        v = tile.gather(1, cols)
+    else:  # few groups above the threshold: just those, padded with -inf per row
+        some = (counts > 0).nonzero().squeeze(1)  # in later tiles few rows have a hit
+        sub, grp = hit[some].nonzero(as_tuple=True)  # row-major: each row's groups in a run
+        row = some[sub]
+        pos = torch.arange(row.numel(), device=tile.device) - (counts.cumsum(0) - counts)[row]
+        gcols = grp.unsqueeze(1) + offsets  # (P, group)
+        v = tile.new_full((c, most, group), float("-inf"))
+        cols = torch.zeros(c, most, group, dtype=torch.long, device=tile.device)
+        v[row, pos] = tile[row.unsqueeze(1), gcols]
+        cols[row, pos] = gcols
+        v, cols = v.flatten(1), cols.flatten(1)
     if covered < w:
+        tail = tile[:, covered:]
+        row_max = torch.maximum(row_max, tail.amax(1))
+        v = torch.cat([v, tail], 1)
         cols = torch.cat([cols, torch.arange(covered, w, device=tile.device).expand(c, -1)], 1)
-    v, j = tile.gather(1, cols).topk(k, dim=1)
-    return v, cols.gather(1, j)
+    return v, cols, row_max
 
 
-def _tile_logsumexp(tile: Tensor, scratch: Tensor) -> Tensor:
-    """(c,) log-sum-exp of each row of ``tile`` (c, w), -inf for a row of -inf.
-    ``exp2`` of ``(x - max) log2 e`` into a reused float32 buffer (2x faster than exp)."""
-    m = tile.amax(1, keepdim=True).float()  # (c, 1)
+def tile_topk(tile: Tensor, k: int, group: int = TILE_GROUP) -> tuple[Tensor, Tensor]:
+    """``tile.topk(min(k, w), dim=1)`` (values, column ids) through strided group maxima:
+    equal to ``topk`` except in which of equally scored columns is returned."""
+    threshold = tile.new_full((tile.shape[0], 1), float("-inf"))
+    v, cols, _ = tile_candidates(tile, k, threshold, group)
+    v, pos = v.topk(min(k, tile.shape[1]), dim=1)
+    return v, cols.gather(1, pos)
+
+
+def _tile_logsumexp(tile: Tensor, row_max: Tensor, scratch: Tensor) -> Tensor:
+    """(c,) log-sum-exp of each row of ``tile`` (c, w) given its maxima (c,), -inf for a
+    row of -inf: ``exp2`` of ``x log2 e - max log2 e`` (one pass into a reused float32
+    buffer, then ``exp2`` in place, 2x faster than ``exp``), then a row sum."""
+    m = row_max.float().unsqueeze(1)  # (c, 1)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    s = torch.sub(tile, m, out=scratch[: tile.shape[0], : tile.shape[1]])
-    total = torch.exp2(s.mul_(LOG2E), out=s).sum(1)
+    s = torch.add(m * -LOG2E, tile, alpha=LOG2E, out=scratch[: tile.shape[0], : tile.shape[1]])
+    total = torch.exp2(s, out=s).sum(1)
     return m.squeeze(1) + total.log()
 
 
@@ -108,8 +147,10 @@ def tiled_topk(
             tile = block.tile(j, w, buf[:c, :w])
             if excl is not None:
                 excl.mask(tile, j)
-            lse = torch.logaddexp(lse, _tile_logsumexp(tile, scratch))
-            v, i = tile_topk(tile, kk, group)
+            v, i, row_max = tile_candidates(tile, kk, best_v[:, -1:], group)
+            lse = torch.logaddexp(lse, _tile_logsumexp(tile, row_max, scratch))
+            if v.shape[1] == 0:
+                continue
             v, pos = torch.cat([best_v, v], 1).topk(kk, dim=1)
             best_i = torch.cat([best_i, i + j], 1).gather(1, pos)
             best_v = v

@@ -203,3 +203,21 @@ def test_exclusion_masks_only_its_tile_columns():
     tile = torch.zeros(2, 4)
     ex.mask(tile, 8)  # columns 8..11: id 10 -> column 1 of the tile
     assert tile.isinf().nonzero().tolist() == [[0, 1]]
+
+
+def test_tiled_topk_when_every_tile_beats_the_running_top_k():
+    """Scores rising with the column for some users (every tile's groups beat the running
+    k-th best: the prefilter path each tile), falling for others (no group after the
+    first tile does) and random for the rest (a few groups gathered per tile)."""
+    g = torch.Generator().manual_seed(4)
+    n = 3000
+    it = torch.randn(n + 1, 3, generator=g, dtype=torch.float64)
+    it[:, 0] = torch.arange(n + 1, dtype=torch.float64)
+    u = torch.randn(30, 3, generator=g, dtype=torch.float64)
+    u[:10, 0], u[10:20, 0] = 1.0, -1.0
+    full = _full(u, it)
+    for k in (1, 10, 30):
+        v, cols, _ = tiled_topk(_scorer(u, it), k, None, 16, 256, 8)
+        want_v, want_i = full.topk(k, dim=1)
+        assert torch.equal(cols + 1, want_i)
+        torch.testing.assert_close(v, want_v, rtol=0, atol=1e-12)
