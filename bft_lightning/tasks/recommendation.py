@@ -25,6 +25,7 @@ from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
 from bft_lightning.nn.hstu import RelativeAttentionBias
 from bft_lightning.nn.stats import find_filter_layers, set_recording
+from bft_lightning.retrieval import target_ranks
 from bft_lightning.tasks.optim import configure_adamw
 
 LOSSES = ("ce", "bce", "sampled_softmax")
@@ -326,19 +327,14 @@ class SequentialRecommendation(L.LightningModule):
         assert metric is not None
         batch = trim_left_padding(batch, keep_one=True)
         hidden, log_prec = self.model.last_hidden(batch["input_ids"], batch.get("input_time"))
-        # scores in the weights' precision, not autocast's: under mixed precision
-        # (float32 weights) a bf16 score matrix ties many items with the target,
-        # and ties count against it; a bf16 model ("bf16-true") scores in bf16
-        weights = self.model.item_emb.weight.dtype
-        with torch.autocast(hidden.device.type, enabled=False):
-            scores = self.model.score(hidden.to(weights), log_prec).float()
-        exclude = None
-        if self.mask_history:
-            exclude = torch.zeros_like(scores, dtype=torch.bool)
-            exclude.scatter_(1, batch["input_ids"], True)
+        # ranks from tiles of the scores, in the weights' precision with autocast off
+        # (under mixed precision a bf16 score ties many items with the target, and ties
+        # count against it); mask_history excludes the input's items inside the tiles
+        exclude = batch["input_ids"] if self.mask_history else None
+        ranks = target_ranks(self.model, hidden, log_prec, batch["target"], exclude)
         metric.update(
-            scores, batch["target"], batch["user"], batch.get("history_len"),
-            gain=self._last_position_gain(), exclude=exclude,
+            None, batch["target"], batch["user"], batch.get("history_len"),
+            gain=self._last_position_gain(), ranks=ranks,
         )  # fmt: skip
 
     def _last_position_gain(self) -> Tensor | None:

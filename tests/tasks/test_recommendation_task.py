@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bft_lightning.datamodules import SequenceDataModule
-from bft_lightning.metrics import RankingMetric
+from bft_lightning.metrics import RankingMetric, target_ranks
 from bft_lightning.models import BERT4Rec, SASRec
 from bft_lightning.tasks import SequentialRecommendation
 from bft_lightning.tasks.recommendation import trim_left_padding
@@ -183,17 +183,17 @@ def test_mask_history_excludes_seen_items(tmp_path) -> None:
     assert results[True]["hr@10"] >= results[False]["hr@10"]
 
 
-def eval_scores(task: SequentialRecommendation, batch: dict) -> torch.Tensor:
-    """The score matrix the task's evaluation step hands to its ranking metric."""
+def eval_ranks(task: SequentialRecommendation, batch: dict) -> torch.Tensor:
+    """The targets' ranks the task's evaluation step hands to its ranking metric."""
     captured = {}
 
     class Capture:
-        def update(self, scores, *args, **kwargs):
-            captured["scores"] = scores
+        def update(self, scores, *args, ranks=None, **kwargs):
+            captured["ranks"] = ranks
 
     with torch.no_grad():
         task._eval_step(batch, Capture())  # type: ignore[arg-type]
-    return captured["scores"]
+    return captured["ranks"]
 
 
 def eval_batch(num_items: int = 200, b: int = 4, t: int = 20) -> dict:
@@ -204,19 +204,18 @@ def eval_batch(num_items: int = 200, b: int = 4, t: int = 20) -> dict:
     }
 
 
-def test_eval_scores_are_float32_under_bf16_autocast() -> None:
-    """Under bf16 autocast the encoder runs in bf16, but the score matrix that ranks
-    the target is a float32 product (a bf16 one ties many items with the target)."""
+def test_eval_ranks_are_those_of_float32_scores_under_bf16_autocast() -> None:
+    """Under bf16 autocast the encoder runs in bf16, but the target is ranked among
+    float32 scores (a bf16 score matrix ties many items with the target)."""
     torch.manual_seed(0)
     task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
     batch = eval_batch()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        scores = eval_scores(task, batch)
+        ranks = eval_ranks(task, batch)
         hidden, _ = task.model.last_hidden(batch["input_ids"])
     with torch.no_grad():
         want = task.model.score(hidden.float())  # outside autocast: float32 throughout
-    assert scores.dtype == torch.float32
-    torch.testing.assert_close(scores, want)
+    assert torch.equal(ranks, target_ranks(want, batch["target"]))
 
 
 def test_precision_parameters_get_their_own_learning_rate() -> None:
@@ -251,9 +250,13 @@ def test_eval_step_runs_on_a_bf16_model() -> None:
     (an upcast of the states alone met bf16 item weights and failed)."""
     torch.manual_seed(0)
     task = SequentialRecommendation(200, 20, backbone=partial(SASRec, d_model=16)).eval()
-    scores = eval_scores(task.to(torch.bfloat16), eval_batch())
-    assert scores.dtype == torch.float32
-    assert torch.isfinite(scores[:, 1:]).all()
+    task = task.to(torch.bfloat16)
+    batch = eval_batch()
+    ranks = eval_ranks(task, batch)
+    with torch.no_grad():
+        hidden, _ = task.model.last_hidden(batch["input_ids"])
+        want = target_ranks(task.model.score(hidden).float(), batch["target"])
+    assert torch.equal(ranks, want)
 
 
 def test_a_second_fit_continues_from_the_learned_prior(tmp_path) -> None:
