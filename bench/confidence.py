@@ -174,7 +174,8 @@ def signals(task: nn.Module, loader: object, freq: Tensor, mc: int) -> dict[str,
             put("bft_neg_score_std", -var[:, 0].sqrt())
             put("bft_neg_score_std_sigma", -var_s[:, 0].sqrt())
             put("bft_z_margin", precision_z_margin(model, lp, top11))
-            put("bft_z_margin_sigma", (v11[:, 0] - v11[:, 10]) / (var_s[:, 0] + var_s[:, 10]).sqrt())
+            gap = v11[:, 0] - v11[:, 10]
+            put("bft_z_margin_sigma", gap / (var_s[:, 0] + var_s[:, 10]).sqrt())
             put("bft_lidu", gaussian_list_log_prob(v11, var))
             put("bft_lidu_sigma", gaussian_list_log_prob(v11, var_s))
         set_recording(model, False)
@@ -234,14 +235,46 @@ def _auc(conf: np.ndarray, hit: np.ndarray) -> float:
     return auroc(torch.from_numpy(np.asarray(conf, dtype=np.float64)), torch.from_numpy(hit))
 
 
-def analyse(val: dict, test: dict, bootstrap: int, seed: int = 0) -> dict:
+def _midranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their mean rank."""
+    order = np.argsort(x, kind="stable")
+    sx = x[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sx)) + 1]
+    ends = np.r_[starts[1:], len(x)]
+    mean = (starts + ends + 1) / 2.0  # mean of ranks starts+1 .. ends
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat(mean, ends - starts)
+    return ranks
+
+
+def _delong_parts(conf: np.ndarray, hit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeLong's structural components: per hit, the share of misses it beats (V10);
+    per miss, the share of hits that beat it (V01); ties count one half."""
+    pos, neg = conf[hit], conf[~hit]
+    m, n = len(pos), len(neg)
+    all_ranks = _midranks(np.r_[pos, neg])
+    v10 = (all_ranks[:m] - _midranks(pos)) / n
+    v01 = 1.0 - (all_ranks[m:] - _midranks(neg)) / m
+    return v10, v01
+
+
+def _delong_se(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Standard error of AUROC(a) - AUROC(b) on the same users (DeLong et al., 1988)."""
+    d10, d01 = a[0] - b[0], a[1] - b[1]
+    var = d10.var(ddof=1) / len(d10) + d01.var(ddof=1) / len(d01)
+    return float(np.sqrt(max(var, 0.0)))
+
+
+def analyse(val: dict, test: dict) -> dict:
     """Oriented test AUROC and HR@10 deciles of every signal and combination."""
     yv, yt = val["hit10"].astype(bool), test["hit10"].astype(bool)
     names = [n for n in (*BASELINES, *BFT) if n in test and n in val]
     conf: dict[str, np.ndarray] = {}
+    val_auc: dict[str, float] = {}
     for n in names:
-        sign = 1.0 if _auc(val[n], yv) >= 0.5 else -1.0
-        conf[n] = sign * test[n]
+        a = _auc(val[n], yv)
+        sign = 1.0 if a >= 0.5 else -1.0
+        conf[n], val_auc[n] = sign * test[n], max(a, 1 - a)
     combos = {"softmax+history_len": ["softmax_top10", "history_len"],
               "softmax+baselines": [b for b in BASELINES if b in test]}  # fmt: skip
     for n in names:
@@ -253,18 +286,18 @@ def analyse(val: dict, test: dict, bootstrap: int, seed: int = 0) -> dict:
     for label, cols in combos.items():
         model = fit_logistic(_features(val, cols), yv.astype(np.float64))
         conf[label] = predict_logistic(model, _features(test, cols))
+        val_auc[label] = _auc(predict_logistic(model, _features(val, cols)), yv)  # in-sample
     result = {n: {"auroc": _auc(c, yt), "deciles": hit_rate_by_decile(torch.from_numpy(c),
               torch.from_numpy(yt.astype(np.float64)))} for n, c in conf.items()}  # fmt: skip
-    # paired bootstrap (over test users) of each signal's AUROC minus softmax_top10's
-    # and minus the best single baseline's
+    # DeLong's paired SE of each signal's AUROC minus softmax_top10's and minus the
+    # best single baseline's (over the same test users)
     base = {n: result[n]["auroc"] for n in BASELINES if n in result}
     best = max(base, key=base.get)  # type: ignore[arg-type]
-    rng = np.random.default_rng(seed)
-    idx = [rng.integers(0, len(yt), len(yt)) for _ in range(bootstrap)]
-    for n, c in conf.items():
+    parts = {n: _delong_parts(c, yt) for n, c in conf.items()}
+    for n in conf:
         for ref, key in (("softmax_top10", "se_vs_softmax"), (best, "se_vs_best")):
-            diffs = [_auc(c[i], yt[i]) - _auc(conf[ref][i], yt[i]) for i in idx]
-            result[n][key] = float(np.std(diffs)) if diffs else float("nan")
+            result[n][key] = _delong_se(parts[n], parts[ref])
+        result[n]["val_auroc"] = val_auc[n]
     return {"signals": result, "best_baseline": best, "n_users": int(len(yt)),
             "hr10": float(yt.mean())}  # fmt: skip
 
@@ -272,7 +305,7 @@ def analyse(val: dict, test: dict, bootstrap: int, seed: int = 0) -> dict:
 # -- report ---------------------------------------------------------------------------
 
 
-def write_outputs(models: list[dict], out: Path, commands: list[str]) -> None:
+def write_outputs(models: list[dict], out: Path, commands: list[str], notes: str = "") -> None:
     rows = []
     for m in models:
         for n, r in m["analysis"]["signals"].items():
@@ -281,18 +314,18 @@ def write_outputs(models: list[dict], out: Path, commands: list[str]) -> None:
                          "auroc_hit10": round(r["auroc"], 4), "n_users": m["analysis"]["n_users"],
                          "hr10_by_decile": [round(x, 4) for x in r["deciles"]]})  # fmt: skip
     write_text_atomic(out.with_suffix(".json"), json.dumps(rows, indent=1))
-    write_text_atomic(out.with_suffix(".md"), report(models, commands))
+    write_text_atomic(out.with_suffix(".md"), report(models, commands, notes))
     plot(models, out.with_suffix(".png"))
 
 
-def report(models: list[dict], commands: list[str]) -> str:
+def report(models: list[dict], commands: list[str], notes: str = "") -> str:
     lines = ["# Confidence that predicts a hit: AUROC for \"the target is in the top 10\"", "",
              "Test users of each model (leave-one-out, full ranking, no history masking). "
              "Each signal's direction and each combination's logistic weights were chosen "
              "on validation users; every number below is on test users. "
              "Δ columns: AUROC minus that of the top-10 softmax mass and of the best single "
              "baseline signal of the same model (chosen on test: the strictest bar), "
-             "± paired bootstrap SE over test users.", ""]  # fmt: skip
+             "± DeLong's paired SE over the same test users.", ""]  # fmt: skip
     for m in models:
         a = m["analysis"]
         sig = a["signals"]
@@ -302,20 +335,21 @@ def report(models: list[dict], commands: list[str]) -> str:
                   f"`{m['checkpoint']}`; best single baseline: `{best}` "
                   f"({sig[best]['auroc']:.4f}).", "",
                   "| signal | AUROC | Δ vs softmax_top10 (SE) | Δ vs best baseline (SE) | "
-                  "HR@10 lowest / highest decile |", "|---|---|---|---|---|"]  # fmt: skip
+                  "HR@10 lowest / highest decile | val AUROC |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for n, r in sig.items():
             ds = r["auroc"] - sig["softmax_top10"]["auroc"]
             db = r["auroc"] - sig[best]["auroc"]
             lines.append(
                 f"| {n} | {r['auroc']:.4f} | {ds:+.4f} ({r['se_vs_softmax']:.4f}) | "
                 f"{db:+.4f} ({r['se_vs_best']:.4f}) | {r['deciles'][0]:.4f} / "
-                f"{r['deciles'][-1]:.4f} |"
+                f"{r['deciles'][-1]:.4f} | {r['val_auroc']:.4f} |"
             )
         lines.append("")
     lines += ["## Verdict (per model)", ""]
     for m in models:
         lines.append(f"- {m['dataset']}/{m['backbone']}/{m['variant']}: {verdict(m['analysis'])}")
-    lines += ["", "## Commands", "", "```", *commands, "```", ""]
+    lines += ["", "## Commands", "", "Evaluation:", "", "```", *commands, "```", "", notes, ""]
     return "\n".join(lines)
 
 
@@ -376,9 +410,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(ROOT / "results" / "rec" / "confidence"))
     ap.add_argument("--cache", default=None, help="folder for per-model signals (.npz)")
     ap.add_argument("--mc", type=int, default=8, help="Monte-Carlo dropout passes (lidu_mc)")
-    ap.add_argument("--bootstrap", type=int, default=200)
-    ap.add_argument("--val-users", type=int, default=4096,
-                    help="validation users (a fixed random sample; 0 = all)")
+    ap.add_argument(
+        "--notes",
+        default=None,
+        help="a Markdown file put in the report (how the checkpoints were trained)",
+    )
+    ap.add_argument(
+        "--val-users",
+        type=int,
+        default=4096,
+        help="validation users (a fixed random sample; 0 = all)",
+    )
     ap.add_argument("--test-users", type=int, default=0,
                     help="test users (a fixed random sample; 0 = all)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -404,12 +446,13 @@ def main(argv: list[str] | None = None) -> None:
                 np.savez(cache, **{f"val_{k}": v for k, v in val.items()},
                          **{f"test_{k}": v for k, v in test.items()})  # fmt: skip
         dataset, backbone, variant = name.split("/")
-        a = analyse(val, test, args.bootstrap)
+        a = analyse(val, test)
         models.append({"dataset": dataset, "backbone": backbone, "variant": variant,
                        "checkpoint": path, "analysis": a})  # fmt: skip
         print(f"{name}: HR@10 {a['hr10']:.4f}; " + verdict(a), flush=True)
     command = "OMP_NUM_THREADS=1 python bench/confidence.py " + " ".join(sys.argv[1:])
-    write_outputs(models, Path(args.out), [command])
+    notes = Path(args.notes).read_text() if args.notes else ""
+    write_outputs(models, Path(args.out), [command], notes)
 
 
 def _batches(data: object, limit: int, size: int = 512, seed: int = 0) -> list[dict]:

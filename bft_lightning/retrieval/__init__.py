@@ -45,7 +45,7 @@ def topk(
         raise ValueError(f"k must be >= 1, got {k}")
     weights = model.item_emb.weight.dtype  # type: ignore[union-attr]
     with torch.autocast(hidden.device.type, enabled=False):
-        scores = model.score(hidden.to(weights), log_prec).float()  # type: ignore[operator]
+        scores = model.score(hidden.to(weights), log_prec).float()  # type: ignore[operator, arg-type]
     if exclude is not None:
         if exclude.shape != scores.shape:
             raise ValueError(

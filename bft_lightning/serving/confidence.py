@@ -7,7 +7,8 @@ the signal functions below are its parts, and the study
 - ``precision="off"``: the listed items' softmax mass,
   ``sum_{j in list} exp(s_j - logsumexp_all s)``, a baseline every scoring
   model has.
-- ``precision="on"``: see ``recommendation_confidence``.
+- ``precision="on"``: the filter's final precision at the predicting position,
+  in the units of the state the head scores (``normalised_log_precision``).
 
 Shapes: ``N`` lists of ``k`` items; ``d`` the width; ``G`` precision groups
 (``d / G`` contiguous channels each).
@@ -82,6 +83,23 @@ def final_log_precision(log_prec: Tensor) -> Tensor:
     return log_prec.float().clamp_min(-20.0).mean(dim=-1)
 
 
+def normalised_log_precision(model: nn.Module, log_prec: Tensor) -> Tensor:
+    """(N,) final log precision in the units of the normalised state that is scored.
+
+    The final LayerNorm divides the state by its spread ``sigma(h)``, so a
+    variance ``1 / lambda`` of ``h`` is ``1 / (lambda sigma^2)`` in the state
+    the head scores (the delta rule through a norm): ``mean_g log lambda_g +
+    2 log sigma``. ``sigma`` is the one the model kept in ``last_norm_scale``
+    in the forward that made ``log_prec`` (recording on); without it, the
+    plain ``final_log_precision``.
+    """
+    out = final_log_precision(log_prec)
+    sigma = getattr(model, "last_norm_scale", None)
+    if isinstance(sigma, Tensor) and sigma.shape == out.shape:
+        out = out + 2 * sigma.to(out.device).float().clamp_min(1e-12).log()
+    return out
+
+
 def last_position_gain(model: nn.Module) -> Tensor | None:
     """(N,) Kalman gain at the predicting position, averaged over groups and layers.
 
@@ -146,10 +164,13 @@ def recommendation_confidence(
 
     ``precision="off"`` (or no ``log_prec``): ``softmax_mass(top)``, the
     listed items' softmax probability.
-    ``precision="on"``: ``precision_z_margin``, the gap between the list's
-    first and last scores in units of their predictive standard deviation
-    under the filter's final precision (``docs/confidence.md`` says why this
-    one and what it measured).
+    ``precision="on"``: ``normalised_log_precision``, the filter's final
+    precision at the predicting position in the units of the scored
+    (normalised) state; it reads ``model.last_norm_scale``, kept when the
+    filter layers record (``set_recording(model, True)`` before
+    ``last_hidden``). Chosen on validation users among the filter's signals
+    (``docs/confidence.md`` says why and what it measured: informative, yet
+    below the softmax mass alone; together with it, above).
     """
     if top.scores.shape[0] != hidden.shape[0]:
         raise ValueError(f"{hidden.shape[0]} states but {top.scores.shape[0]} lists")
@@ -157,4 +178,4 @@ def recommendation_confidence(
         return softmax_mass(top).float()
     if log_prec.shape[0] != hidden.shape[0]:
         raise ValueError(f"{hidden.shape[0]} states but log_prec for {log_prec.shape[0]}")
-    return precision_z_margin(model, log_prec, top).float()
+    return normalised_log_precision(model, log_prec).float()
