@@ -94,10 +94,24 @@ def normalised_log_precision(model: nn.Module, log_prec: Tensor) -> Tensor:
     plain ``final_log_precision``.
     """
     out = final_log_precision(log_prec)
+    sigma = _norm_scale(model, len(out))
+    return out if sigma is None else out + 2 * sigma.to(out.device).log()
+
+
+def _norm_scale(model: nn.Module, n: int) -> Tensor | None:
+    """(n,) ``sigma(h)`` at the predicting position, when the model kept it for ``n`` rows."""
     sigma = getattr(model, "last_norm_scale", None)
-    if isinstance(sigma, Tensor) and sigma.shape == out.shape:
-        out = out + 2 * sigma.to(out.device).float().clamp_min(1e-12).log()
-    return out
+    if isinstance(sigma, Tensor) and sigma.shape == (n,):
+        return sigma.float().clamp_min(1e-12)
+    return None
+
+
+def normalised_score_variance(model: nn.Module, log_prec: Tensor, ids: Tensor) -> Tensor:
+    """(N, k) ``score_variance`` divided by ``sigma(h)^2`` (the final norm's own
+    divisor, from ``model.last_norm_scale``; left out when the model kept none)."""
+    var = score_variance(model, log_prec, ids)
+    sigma = _norm_scale(model, len(var))
+    return var if sigma is None else var / sigma.to(var.device).square().unsqueeze(1)
 
 
 def last_position_gain(model: nn.Module) -> Tensor | None:
@@ -165,12 +179,12 @@ def recommendation_confidence(
     ``precision="off"`` (or no ``log_prec``): ``softmax_mass(top)``, the
     listed items' softmax probability.
     ``precision="on"``: ``normalised_log_precision``, the filter's final
-    precision at the predicting position in the units of the scored
-    (normalised) state; it reads ``model.last_norm_scale``, kept when the
-    filter layers record (``set_recording(model, True)`` before
-    ``last_hidden``). Chosen on validation users among the filter's signals
-    (``docs/confidence.md`` says why and what it measured: informative, yet
-    below the softmax mass alone; together with it, above).
+    precision at the predicting position in the units of the state the head
+    scores (``mean_g log lambda_g + 2 log sigma(h)``); it reads
+    ``model.last_norm_scale``, kept when the filter layers record
+    (``set_recording(model, True)`` before ``last_hidden``). Chosen on
+    validation users among the filter's signals; ``docs/confidence.md`` says
+    why and what it measured.
     """
     if top.scores.shape[0] != hidden.shape[0]:
         raise ValueError(f"{hidden.shape[0]} states but {top.scores.shape[0]} lists")
