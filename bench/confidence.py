@@ -385,6 +385,7 @@ def plot(models: list[dict], path: Path) -> None:
              "lidu_mc", "bft_log_prec", "bft_gain", "bft_z_margin", "bft_lidu", "shipped",
              "softmax+baselines"]  # fmt: skip
     for ax, m in zip(axes.flat, models, strict=False):
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
         sig = m["analysis"]["signals"]
         for name in shown:
             if name in sig:
