@@ -125,6 +125,7 @@ class SequentialRecommender(nn.Module):
         )  # fmt: skip
         self.encoder = self.build_encoder(layer_opts, num_layers)
         self.final_norm = nn.LayerNorm(d_model)
+        self.last_norm_scale: Tensor | None = None  # see normalise_output
         self.prior: PrecisionPrior | MLPPrecisionPrior | None = None
         if precision == "on":
             scale = prior_scale if prior_scale is not None else self.input_scale()
@@ -217,7 +218,17 @@ class SequentialRecommender(nn.Module):
             self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
             log_precision=self.layer0_precision(ids), return_precision=True,
         )  # fmt: skip
-        return self.final_norm(h), lp
+        return self.normalise_output(h), lp
+
+    def normalise_output(self, h: Tensor) -> Tensor:
+        """``final_norm(h)``; with the filter layers recording, also keeps the scale the
+        norm divides by at the last position, ``sigma(h[:, -1])`` (B,), in
+        ``last_norm_scale`` (the final precision in the normalised state's units is
+        ``lambda * sigma^2``, which ``serving.confidence`` reads)."""
+        if getattr(self._last_layer(), "record", False):
+            last = h[:, -1].detach().float()
+            self.last_norm_scale = (last.var(-1, unbiased=False) + self.final_norm.eps).sqrt()
+        return self.final_norm(h)
 
     def item_weights(self) -> Tensor:
         """(num_items + 1, d) output embeddings; row 0 (padding) is never a candidate."""

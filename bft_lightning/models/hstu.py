@@ -73,4 +73,4 @@ class HSTU(SequentialRecommender):
             self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
             log_precision=self.layer0_precision(ids), timestamps=times, return_precision=True,
         )  # fmt: skip
-        return self.final_norm(h), lp
+        return self.normalise_output(h), lp
