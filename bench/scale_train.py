@@ -231,9 +231,12 @@ def main() -> None:
     if a.what in ("all", "train"):
         runs = []
         for model in ("sasrec", "hstu"):
-            runs.append(child(["train", model, "ce_chunked", "3", "32", "8192", "1"]))
-            runs.append(child(["train", model, "sampled_softmax_logq", "20", "128", "0", "2048"]))
-            out.write_text(json.dumps(results | {"train": runs}, indent=1))
+            steps = os.environ.get("SCALE_TRAIN_STEPS")  # fewer timed steps: "1,5"
+            chunked, sampled = steps.split(",") if steps else ("2", "10")
+            for args in (["ce_chunked", chunked, "32", "8192", "1"],
+                         ["sampled_softmax_logq", sampled, "128", "4096", "2048"]):  # fmt: skip
+                runs.append(child(["train", model, *args]))
+                out.write_text(json.dumps(results | {"train": runs}, indent=1))
         results["train"] = runs
     if a.what in ("all", "beauty"):
         e = a.beauty_epochs
@@ -251,10 +254,12 @@ def write_report(results: dict, path: Path) -> None:
     lines = [
         "# Training at a catalogue's scale",
         "",
-        "Written by `bench/scale_train.py report` from `scale_train.json`, measured by",
-        "`flock /tmp/heavy.lock python bench/scale_train.py all --beauty-epochs 4`",
-        "(each measurement a fresh process; peak RSS is its `VmHWM`). The host is",
-        "shared with other jobs: times are indicative, ratios within one run hold.",
+        "Written by `bench/scale_train.py report` from `scale_train.json`. Commands:",
+        "generator `flock /tmp/heavy.lock python bench/scale_train.py generate`;",
+        "1M-item training `SCALE_TRAIN_STEPS=1,4 OMP_NUM_THREADS=1 python bench/scale_train.py",
+        "train`; Beauty `python bench/scale_train.py one beauty <loss> <epochs>` (`all`",
+        "runs the three). Each measurement is a fresh process; peak RSS is its `VmHWM`.",
+        "The host is shared with other jobs: times are indicative.",
         "",
         f"CPU: {results.get('cpu', '?')}; torch threads: "
         f"{(results.get('train') or [{}])[0].get('threads', '?')}.",
