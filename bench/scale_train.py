@@ -170,7 +170,7 @@ def run_beauty(loss: str, epochs: int) -> dict:
     class Record(L.Callback):
         val: list[float] = []
 
-        def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        def on_validation_end(self, trainer, pl_module) -> None:  # after the module's hooks
             self.val.append(float(trainer.callback_metrics["val/ndcg@10"]))
 
     record = Record()
