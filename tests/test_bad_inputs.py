@@ -506,7 +506,8 @@ BAD = [
         files(),
         cli("--model.init_args.loss=hinge", command="parse"),
         ValueError,
-        r"loss must be one of \('ce', 'bce', 'sampled_softmax'\), got 'hinge'",
+        r"loss must be one of \('ce', 'bce', 'sampled_softmax', 'ce_chunked', "
+        r"'sampled_softmax_logq'\), got 'hinge'",
     ),
     Bad(
         "unknown_backbone",

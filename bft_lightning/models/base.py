@@ -242,6 +242,18 @@ class SequentialRecommender(nn.Module):
         """Per-item output bias (none by default)."""
         return 0.0
 
+    def output_scale(self, log_prec: Tensor | None) -> Tensor | None:
+        """(N, 1) per-row multiplier of the scores (``head="precision"``), else None.
+
+        ``exp(temperature(log_prec))`` in float32 (float64 for a float64 model),
+        padding's -inf read as 0.
+        """
+        if self.head != "precision" or log_prec is None:
+            return None
+        dtype = torch.promote_types(self.temperature.weight.dtype, torch.float32)
+        lp = torch.nan_to_num(log_prec.to(dtype), neginf=0.0)
+        return torch.exp(self.temperature(lp))
+
     def score(
         self, hidden: Tensor, log_prec: Tensor | None = None, items: Tensor | None = None
     ) -> Tensor:
@@ -276,9 +288,7 @@ class SequentialRecommender(nn.Module):
             logits = (self.item_emb(items) * h.unsqueeze(-2)).sum(-1)  # (N, k)
         logits = logits + bias
         if scaled:
-            assert log_prec is not None
-            lp = torch.nan_to_num(log_prec.float(), neginf=0.0)
-            logits = logits * torch.exp(self.temperature(lp)).to(logits.dtype)
+            logits = logits * self.output_scale(log_prec).to(logits.dtype)  # type: ignore[union-attr]
         if items is None:
             logits[..., 0] = float("-inf")
         return logits

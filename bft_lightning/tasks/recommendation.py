@@ -16,10 +16,10 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from bft_lightning.losses import LOSSES, build_loss
 from bft_lightning.metrics import RankingMetric, write_report
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
@@ -28,7 +28,6 @@ from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import target_ranks
 from bft_lightning.tasks.optim import configure_adamw
 
-LOSSES = ("ce", "bce", "sampled_softmax")
 CHECKPOINT_KEY = "bft_lightning"  # what the checkpoint was saved from (classes, num_items)
 
 
@@ -129,10 +128,17 @@ class SequentialRecommendation(L.LightningModule):
         num_items: number of items (linked from the data).
         max_len: history length (linked from the data).
         backbone: ``SASRec``, ``BERT4Rec`` or ``HSTU`` with its options.
-        loss: ``"ce"`` (full softmax, default), ``"bce"`` (k sampled negatives)
-            or ``"sampled_softmax"`` (k uniform negatives, temperature).
+        loss: the training loss (``bft_lightning.losses``; see ``docs/losses.md``):
+            ``"ce"`` (full softmax, the exact reference and default),
+            ``"ce_chunked"`` (the same loss and gradients computed in item
+            chunks: memory independent of the catalogue),
+            ``"sampled_softmax_logq"`` (in-batch targets plus ``num_negatives``
+            ``negatives`` shared by the batch, log-Q corrected),
+            ``"sampled_softmax"`` (``num_negatives`` uniform negatives per row,
+            no correction: the loss of earlier versions, unchanged) or ``"bce"``
+            (``num_negatives`` uniform negatives per row).
         num_negatives: k for the sampled losses.
-        temperature: softmax temperature of ``"sampled_softmax"``.
+        temperature: softmax temperature of the sampled softmax losses.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay (not applied to norms, biases, tau, rho).
         prior_lr_scale: learning-rate multiplier of the precision parameters
@@ -162,6 +168,12 @@ class SequentialRecommendation(L.LightningModule):
             ``train/loss`` is logged as the per-target mean either way. A
             checkpoint saved before this option existed resumes with
             ``"targets"``, as it was trained.
+        loss_chunk: items per chunk of ``"ce_chunked"`` (its memory is about
+            ``3 x targets in a batch x loss_chunk`` floats).
+        negatives: sampled negatives of ``"sampled_softmax_logq"``:
+            ``"popularity"`` (training frequency ``** popularity_alpha``),
+            ``"uniform"`` or ``"in_batch"`` (the batch's targets only).
+        popularity_alpha: exponent of the popularity proposal.
     """
 
     def __init__(
@@ -182,9 +194,13 @@ class SequentialRecommendation(L.LightningModule):
         report_dir: str | None = None,
         compile: bool = False,
         loss_normalization: str = "rows",
+        loss_chunk: int = 4096,
+        negatives: str = "popularity",
+        popularity_alpha: float = 1.0,
     ) -> None:
         super().__init__()
         self._prior_initialised = False  # the frequency prior is set by the first fit only
+        self._frequency_given = False  # the loss got the data's item counts (if it reads them)
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
         if loss_normalization not in ("targets", "rows"):
@@ -197,6 +213,10 @@ class SequentialRecommendation(L.LightningModule):
                        prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
         if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
             raise ValueError(f"ks must be a non-empty list of integers >= 1, got {ks!r}")
+        self.criterion = build_loss(
+            loss, num_items, num_negatives=num_negatives, temperature=temperature,
+            chunk=loss_chunk, negatives=negatives, popularity_alpha=popularity_alpha,
+        )  # fmt: skip
         self.save_hyperparameters(ignore=["backbone"])
         self.model = backbone(num_items, max_len)
         self.backbone_spec = backbone_spec(backbone, type(self.model))
@@ -297,22 +317,14 @@ class SequentialRecommendation(L.LightningModule):
         return sum((p.sum() * 0.0 for p in unused), 0.0)
 
     def loss(self, hidden: Tensor, target: Tensor, log_prec: Tensor | None) -> Tensor:
-        """hidden: (N, d) states with a label; target: (N,) item ids."""
-        if self.loss_name == "ce":
-            return F.cross_entropy(self.model.score(hidden, log_prec).float(), target)
-        neg = torch.randint(
-            1, self.num_items + 1, (len(target), self.num_negatives), device=target.device
-        )
-        cand = torch.cat([target.unsqueeze(1), neg], dim=1)  # (N, 1 + k)
-        logits = self.model.score(hidden, log_prec, items=cand).float()
-        if self.loss_name == "bce":
-            pos, negs = logits[:, 0], logits[:, 1:]
-            valid = (neg != target.unsqueeze(1)).float()
-            neg_loss = (F.softplus(negs) * valid).sum(1) / valid.sum(1).clamp_min(1)
-            return (F.softplus(-pos) + neg_loss).mean()
-        logits = logits / self.temperature
-        logits[:, 1:] = logits[:, 1:].masked_fill(neg == target.unsqueeze(1), float("-inf"))
-        return F.cross_entropy(logits, torch.zeros_like(target))
+        """hidden: (N, d) states with a label; target: (N,) item ids; the mean loss of
+        the configured ``criterion`` (``bft_lightning.losses``)."""
+        if self.criterion.needs_item_frequency and not self._frequency_given:
+            freq = self._item_frequency()  # the data module's training counts, once
+            if freq is not None:
+                self.criterion.set_item_frequency(freq)
+                self._frequency_given = True
+        return self.criterion(self.model, hidden, target, log_prec)
 
     # -- evaluation ---------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
