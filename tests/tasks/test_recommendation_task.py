@@ -160,7 +160,9 @@ def test_bert4rec_trains_and_ranks(tmp_path) -> None:
         dm.num_items, 20, backbone=partial(BERT4Rec, precision="on", d_model=32, mask_prob=0.3),
         lr=3e-3,
     )  # fmt: skip
-    tr = trainer(tmp_path, max_epochs=4, limit_val_batches=0)
+    # 15 epochs: a cloze model learns from 30% of the positions, and on the linear-time
+    # generator's data it is still at popularity level after 4 (0.112 against 0.121)
+    tr = trainer(tmp_path, max_epochs=15, limit_val_batches=0)
     tr.fit(task, dm)
     tr.test(task, dm, verbose=False)
     assert task.test_results["ndcg@10"] > popularity_metrics(dm)["ndcg@10"]
