@@ -75,6 +75,16 @@ class Scorer:
             out.mul_(self.scale)
         return out
 
+    def columns(self, cols: Tensor) -> Tensor:
+        """Scores (U, m) of the items in columns ``cols`` (m,) (item ``cols + 1``), in the
+        order ``tile`` computes them: ``(u V^T + b) * s`` after one product."""
+        out = torch.mm(self.users, self.items[cols].T)
+        if self.bias is not None:
+            out.add_(self.bias[cols])
+        if self.scale is not None:
+            out.mul_(self.scale)
+        return out
+
     def dense(self) -> Tensor:
         """All scores (U, N + 1), column 0 (padding) at -inf: the dense fallback's matrix."""
         out = self.users.new_empty(self.users.shape[0], self.num_items + 1)

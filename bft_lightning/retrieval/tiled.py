@@ -34,6 +34,7 @@ from bft_lightning.retrieval.scores import Exclusion, Scorer
 
 TILE_USERS = 512  # users per score tile
 TILE_COLUMNS = 4096  # columns per score tile (8 MB in float32 with 512 users)
+TARGET_TILES = 2  # a block whose targets span more tiles takes its target scores in one product
 TILE_GROUP = 8  # columns per group of the top-k prefilter
 LOG2E = 1.0 / math.log(2.0)
 
@@ -220,14 +221,23 @@ def tiled_target_ranks(
         target_tiles = (
             col.div(tile_columns, rounding_mode="floor").unique() * tile_columns
         ).tolist()
-        for j in target_tiles:
-            tile = block.tile(j, min(tile_columns, n - j), buf[:c, : min(tile_columns, n - j)])
-            hit = ((col >= j) & (col < j + tile.shape[1])).nonzero().squeeze(1)
-            t_score[hit, 0] = tile[hit, col[hit] - j]  # before exclusion: its own score
-        # the last target tile is still in the buffer: counted now, not computed again
-        count_into(tile, target_tiles[-1], t_score, col, counts, excl)
+        counted = -1  # the tile already counted (the last target tile, still in the buffer)
+        if len(target_tiles) <= TARGET_TILES:
+            for j in target_tiles:
+                w = min(tile_columns, n - j)
+                tile = block.tile(j, w, buf[:c, :w])
+                hit = ((col >= j) & (col < j + w)).nonzero().squeeze(1)
+                t_score[hit, 0] = tile[hit, col[hit] - j]  # before exclusion: its own score
+            count_into(tile, target_tiles[-1], t_score, col, counts, excl)
+            counted = target_tiles[-1]
+        else:
+            # targets spread over many tiles (more tiles than users in a block, as with
+            # a million items): a tile each would double the products, so the target
+            # scores come from one product with the block's target columns alone
+            cols, where = col.unique(return_inverse=True)  # (m,), (c,)
+            t_score.copy_(block.columns(cols).gather(1, where.unsqueeze(1)))
         for j in range(0, n, tile_columns):
-            if j != target_tiles[-1]:
+            if j != counted:
                 w = min(tile_columns, n - j)
                 count_into(block.tile(j, w, buf[:c, :w]), j, t_score, col, counts, excl)
         ranks[idx] = counts[0] - counts[1]
