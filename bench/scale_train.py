@@ -15,7 +15,7 @@ Three measurements, each in its own process (so that a process's peak RSS,
   softmax, chunked (must match it) and the log-Q sampled softmax, a fixed
   number of epochs each, validation NDCG@10 per epoch and the test metrics.
 
-    flock /tmp/heavy.lock python bench/scale_train.py all --out results/perf/scale_train.json
+    python bench/scale_train.py all --out results/perf/scale_train.json
     python bench/scale_train.py report --out results/perf/scale_train.json
 
 ``report`` writes ``results/perf/scale_train.md`` from the JSON.
@@ -255,7 +255,7 @@ def write_report(results: dict, path: Path) -> None:
         "# Training at a catalogue's scale",
         "",
         "Written by `bench/scale_train.py report` from `scale_train.json`. Commands:",
-        "generator `flock /tmp/heavy.lock python bench/scale_train.py generate`;",
+        "generator `python bench/scale_train.py generate`;",
         "1M-item training `SCALE_TRAIN_STEPS=1,4 OMP_NUM_THREADS=1 python bench/scale_train.py",
         "train`; Beauty `python bench/scale_train.py one beauty <loss> <epochs>` (`all`",
         "runs the three). Each measurement is a fresh process; peak RSS is its `VmHWM`.",
