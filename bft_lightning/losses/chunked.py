@@ -154,10 +154,7 @@ class ChunkedSoftmax(NoFrequency):
         log_prec: Tensor | None,
     ) -> Tensor:
         h, weights = model.output_transform(hidden), model.item_weights()
-        raw = model.output_bias(None)
-        bias: Tensor | None = raw if isinstance(raw, Tensor) else None
-        if not isinstance(raw, Tensor) and raw != 0:  # a constant (0 by default)
-            bias = weights.new_full((weights.shape[0],), float(raw))
+        bias = model.item_bias()
         scale = model.output_scale(log_prec)
         return chunked_cross_entropy(
             h,

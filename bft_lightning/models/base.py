@@ -242,6 +242,17 @@ class SequentialRecommender(nn.Module):
         """Per-item output bias (none by default)."""
         return 0.0
 
+    def item_bias(self) -> Tensor | None:
+        """(num_items + 1,) per-item score bias as a tensor, or None when there is none
+        (``output_bias`` may give a constant; 0 means none)."""
+        raw = self.output_bias(None)
+        if isinstance(raw, Tensor):
+            return raw
+        if raw == 0:
+            return None
+        weights = self.item_weights()
+        return weights.new_full((weights.shape[0],), float(raw))
+
     def output_scale(self, log_prec: Tensor | None) -> Tensor | None:
         """(N, 1) per-row multiplier of the scores (``head="precision"``), else None.
 

@@ -44,17 +44,10 @@ class Scorer:
             raise ValueError(f"hidden must be (N, {weights.shape[1]}), got {tuple(hidden.shape)}")
         with torch.autocast(hidden.device.type, enabled=False):
             h = model.output_transform(hidden.to(weights.dtype))
-            bias = model.output_bias(None)
-            b = None
-            if isinstance(bias, Tensor):
-                b = bias[1 : weights.shape[0]].to(h.dtype)
-            elif bias != 0.0:
-                b = torch.full((weights.shape[0] - 1,), float(bias), dtype=h.dtype)
-            s = None
-            if model.head == "precision" and log_prec is not None:
-                lp = torch.nan_to_num(log_prec.float(), neginf=0.0)
-                temperature = getattr(model, "temperature")  # noqa: B009 - set for this head
-                s = torch.exp(temperature(lp)).to(h.dtype)  # (U, 1)
+            bias = model.item_bias()  # (N + 1,) or None
+            b = None if bias is None else bias[1 : weights.shape[0]].to(h.dtype)
+            scale = model.output_scale(log_prec)  # (U, 1) or None, as model.score uses it
+            s = None if scale is None else scale.to(h.dtype)
         return Scorer(h.detach(), weights[1:].detach(), b, None if s is None else s.detach())
 
     @property
