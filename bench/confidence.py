@@ -54,6 +54,12 @@ from bft_lightning.metrics.confidence import auroc, hit_rate_by_decile
 from bft_lightning.metrics.report import write_text_atomic
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import TopK
+from bft_lightning.serving.calibration import (
+    BASE_FEATURES,
+    confidence_features,
+    feature_names,
+    fit_calibration,
+)
 from bft_lightning.serving.confidence import (
     final_log_precision,
     gaussian_list_log_prob,
@@ -157,6 +163,10 @@ def signals(task: nn.Module, loader: object, freq: Tensor, mc: int) -> dict[str,
         put("last_item_pop", torch.log1p(freq[ids[:, -1]].float()))
         put("lidu_pl", plackett_luce_log_prob(top10))
         put("shipped", recommendation_confidence(model, hidden, lp, top10))
+        # the library's calibration features (what `calibrate` fits and `recommend` applies)
+        log_count = torch.log1p(freq.float())
+        put("calibration_features", confidence_features(
+            model, lp, top11, 10, (ids > 0).sum(1), ids[:, -1], log_count))  # fmt: skip
         if on:
             assert lp is not None
             put("bft_log_prec", final_log_precision(lp))
@@ -287,6 +297,20 @@ def analyse(val: dict, test: dict) -> dict:
         model = fit_logistic(_features(val, cols), yv.astype(np.float64))
         conf[label] = predict_logistic(model, _features(test, cols))
         val_auc[label] = _auc(predict_logistic(model, _features(val, cols)), yv)  # in-sample
+    # the shipped calibrated confidence (serving.calibration), fit on validation users; for
+    # precision=on also without the filter's two features, to see what they add
+    if "calibration_features" in val and "calibration_features" in test:
+        on = "bft_log_prec" in test
+        xv, xt = val["calibration_features"], test["calibration_features"]
+        all_names = feature_names("on" if on else "off")
+        variants = {"calibrated": len(all_names)}
+        if on:
+            variants["calibrated_without_filter"] = len(BASE_FEATURES)
+        for label, f in variants.items():
+            cal = fit_calibration(torch.from_numpy(xv[:, :f]), torch.from_numpy(yv.astype(
+                np.float64)), all_names[:f], 10)  # fmt: skip
+            conf[label] = cal.probability(torch.from_numpy(xt[:, :f])).double().numpy()
+            val_auc[label] = cal.auroc
     result = {n: {"auroc": _auc(c, yt), "deciles": hit_rate_by_decile(torch.from_numpy(c),
               torch.from_numpy(yt.astype(np.float64)))} for n, c in conf.items()}  # fmt: skip
     # DeLong's paired SE of each signal's AUROC minus softmax_top10's and minus the
@@ -298,6 +322,9 @@ def analyse(val: dict, test: dict) -> dict:
         for ref, key in (("softmax_top10", "se_vs_softmax"), (best, "se_vs_best")):
             result[n][key] = _delong_se(parts[n], parts[ref])
         result[n]["val_auroc"] = val_auc[n]
+    if "calibrated_without_filter" in conf:
+        result["calibrated"]["se_vs_without_filter"] = _delong_se(
+            parts["calibrated"], parts["calibrated_without_filter"])  # fmt: skip
     return {"signals": result, "best_baseline": best, "n_users": int(len(yt)),
             "hr10": float(yt.mean())}  # fmt: skip
 
@@ -356,8 +383,18 @@ def report(models: list[dict], commands: list[str], notes: str = "") -> str:
 def verdict(a: dict) -> str:
     sig, best = a["signals"], a["best_baseline"]
     bft = {n: r for n, r in sig.items() if n.startswith("bft_")}
+    cal = ""
+    if "calibrated" in sig:
+        d = sig["calibrated"]["auroc"] - sig["softmax_top10"]["auroc"]
+        cal = (f"; shipped calibrated confidence {sig['calibrated']['auroc']:.4f}, {d:+.4f} over "
+               f"softmax alone (SE {sig['calibrated']['se_vs_softmax']:.4f})")  # fmt: skip
+        if "calibrated_without_filter" in sig:
+            w = sig["calibrated"]["auroc"] - sig["calibrated_without_filter"]["auroc"]
+            se = sig["calibrated"].get("se_vs_without_filter", float("nan"))
+            cal += f", of which the filter's features {w:+.4f} (SE {se:.4f})"
     if not bft:
-        return f"no filter state (precision=off); best baseline `{best}` {sig[best]['auroc']:.4f}"
+        return (f"no filter state (precision=off); best baseline `{best}` "
+                f"{sig[best]['auroc']:.4f}" + cal)  # fmt: skip
     top = max(bft, key=lambda n: bft[n]["auroc"])
     single = bft[top]["auroc"] - sig[best]["auroc"]
     combos = {n: r for n, r in sig.items() if n.startswith("softmax+bft_")}
@@ -368,7 +405,7 @@ def verdict(a: dict) -> str:
             f"baseline `{best}` (goal +0.02: {'met' if single >= 0.02 else 'not met'}); best "
             f"combination `{ctop}` {gain:+.4f} over softmax alone "
             f"(SE {combos[ctop]['se_vs_softmax']:.4f}; control softmax+history_len "
-            f"{control:+.4f})")  # fmt: skip
+            f"{control:+.4f})" + cal)  # fmt: skip
 
 
 def plot(models: list[dict], path: Path) -> None:
@@ -383,13 +420,13 @@ def plot(models: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
     shown = ["softmax_top10", "margin_1_11", "history_len", "last_item_pop", "lidu_pl",
              "lidu_mc", "bft_log_prec", "bft_gain", "bft_z_margin", "bft_lidu", "shipped",
-             "softmax+baselines"]  # fmt: skip
+             "softmax+baselines", "calibrated", "calibrated_without_filter"]  # fmt: skip
     for ax, m in zip(axes.flat, models, strict=False):
         ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
         sig = m["analysis"]["signals"]
         for name in shown:
             if name in sig:
-                style = "-" if name.startswith(("bft", "shipped")) else "--"
+                style = "-" if name.startswith(("bft", "shipped", "calibrated")) else "--"
                 ax.plot(range(1, 11), sig[name]["deciles"], style, marker=".",
                         label=f"{name} ({sig[name]['auroc']:.3f})")  # fmt: skip
         ax.set_title(f"{m['dataset']} {m['backbone']} {m['variant']}", fontsize=9)
@@ -430,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     for spec in args.run:
         name, _, path = spec.partition("=")
         cache = Path(args.cache) / (name.replace("/", "_") + ".npz") if args.cache else None
-        if cache is not None and cache.exists():
+        if cache is not None and cache.exists() and "val_calibration_features" in np.load(cache):
             saved = np.load(cache)
             val = {k[4:]: saved[k] for k in saved.files if k.startswith("val_")}
             test = {k[5:]: saved[k] for k in saved.files if k.startswith("test_")}

@@ -27,7 +27,8 @@ from torch import Tensor
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.utils.checkpoint_io import CheckpointLoadError, safe_load_checkpoint
 
-from .inference import rank_next
+from .calibration import ConfidenceCalibration, feature_names, fit_calibration
+from .inference import list_features, rank_next
 
 __all__ = ["Recommendation", "Recommender", "UnknownItemsError"]
 
@@ -43,7 +44,13 @@ class Recommendation:
             leaves fewer than ``k`` items to recommend).
         scores: the model's score (logit) of each item, same length; for a cold
             user the log-probability of the item under the training popularity.
-        confidence: one float in [0, 1] for the whole list.
+        confidence: one float for the whole list, higher = a hit more likely. With a
+            calibrated checkpoint (``Recommender.calibration``; ``python -m
+            bft_lightning calibrate``) it is the probability that the user's next
+            item is among the first ``calibration.k`` listed; without one, the
+            model's raw signal (``docs/confidence.md``): for ``precision="off"``
+            the list's softmax mass in [0, 1], for ``precision="on"`` the filter's
+            normalised final log precision (unbounded).
         unknown: ids of the history the checkpoint has never seen (skipped).
         cold: True when the history was empty (popularity, see ``recommend``).
     """
@@ -83,6 +90,7 @@ class Recommender:
         item_ids: raw item ids in index order, ``item_ids[0] == ""`` (padding).
         item_frequency: ``(num_items + 1,)`` training counts (cold users' ranking).
         device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        calibration: maps each list to ``P(hit@k)`` (``calibrate``); None: raw signal.
     """
 
     def __init__(
@@ -91,6 +99,7 @@ class Recommender:
         item_ids: Sequence[str],
         item_frequency: Tensor | Sequence[int],
         device: str | torch.device = "cpu",
+        calibration: ConfidenceCalibration | None = None,
     ) -> None:
         if len(item_ids) != model.num_items + 1 or (len(item_ids) and str(item_ids[0]) != ""):
             raise ValueError(
@@ -105,6 +114,10 @@ class Recommender:
         # cold users: add-one smoothed training popularity, a log-probability over the items
         prior = torch.log((freq[1:] + 1.0) / (freq[1:].sum() + self.num_items))
         self._prior = torch.cat([prior.new_full((1,), -math.inf), prior]).float()
+        self._log_count = torch.log1p(freq).float()  # (num_items + 1,) for the confidence
+        self.calibration = calibration
+        if calibration is not None:
+            self._check_calibration(calibration, "calibration")
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Recommender:
@@ -148,7 +161,19 @@ class Recommender:
         except RuntimeError as err:
             first = str(err).strip().splitlines()[0]
             raise CheckpointLoadError(f"{path}: weights do not fit the backbone: {first}") from None
-        return cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device)
+        calibration = info.get("confidence")
+        if calibration is not None:
+            calibration = ConfidenceCalibration.from_dict(calibration, str(path))
+        return cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device,
+                   calibration)  # fmt: skip
+
+    def _check_calibration(self, calibration: ConfidenceCalibration, source: str) -> None:
+        expected = feature_names(self.model.precision)
+        if calibration.features != expected:
+            raise ValueError(
+                f"{source}: the confidence calibration is for features {calibration.features}, "
+                f"this precision={self.model.precision!r} model gives {expected}"
+            )
 
     # ------------------------------------------------------------ properties
 
@@ -265,7 +290,9 @@ class Recommender:
                 for r, row in enumerate(rows):
                     exclude[r, : len(row)] = torch.tensor(row)
                 exclude = exclude.to(self.device)
-            top, confidence = rank_next(self.model, ids.to(self.device), k, exclude=exclude)
+            top, confidence = rank_next(self.model, ids.to(self.device), k, exclude=exclude,
+                                        calibration=self.calibration,
+                                        item_log_count=self._log_count)  # fmt: skip
             scores, items = top.scores.cpu(), top.ids.cpu()
             confidence = confidence.cpu()
             for r, i in enumerate(warm):
@@ -282,6 +309,93 @@ class Recommender:
                 results.setdefault(i, cold)
         return [results[i] for i in range(len(encoded))]
 
+    # ------------------------------------------------------------ calibration
+
+    def calibrate(
+        self,
+        histories: Sequence[Sequence[str | int]],
+        targets: Sequence[str | int],
+        k: int = 10,
+        batch_size: int = 512,
+    ) -> dict[str, Any]:
+        """Fit the confidence on held-out users: ``P(target among the first k)``.
+
+        histories: raw item ids, oldest first, one list per user; targets: each
+        user's actual next item (raw id). Users with an empty history or whose
+        target or whole history the checkpoint does not know are left out and
+        counted. Sets :attr:`calibration` (``save_calibration`` writes it into a
+        checkpoint) and returns ``{"users", "left_out", "hit_rate", "auroc"}``.
+        Use users the model was not trained on (the validation split).
+        """
+        k = self.check_k(k)
+        if k >= self.num_items:
+            raise ValueError(f"k must be below the item count ({self.num_items}) to calibrate")
+        if len(histories) != len(targets):
+            raise ValueError(f"{len(histories)} histories but {len(targets)} targets")
+        rows: list[list[int]] = []
+        codes: list[int] = []
+        left_out = 0
+        for i, (history, target) in enumerate(zip(histories, targets, strict=True)):
+            code = self.index.get(str(target).strip())
+            try:
+                known, _ = self.encode(history, i)
+            except UnknownItemsError:
+                known = []
+            if code is None or not known:
+                left_out += 1
+                continue
+            rows.append(known)
+            codes.append(code)
+        return self.calibrate_encoded(rows, codes, k, batch_size, left_out)
+
+    def calibrate_encoded(
+        self,
+        rows: Sequence[Sequence[int]],
+        targets: Sequence[int],
+        k: int = 10,
+        batch_size: int = 512,
+        left_out: int = 0,
+    ) -> dict[str, Any]:
+        """:meth:`calibrate` for histories and targets already in the checkpoint's indices."""
+        xs, hits = [], []
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            width = min(max(len(r) for r in batch), self.max_len)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            for r, row in enumerate(batch):
+                tail = list(row)[-width:]
+                ids[r, width - len(tail) :] = torch.tensor(tail)
+            top, x = list_features(self.model, ids.to(self.device), k, self._log_count)
+            target = torch.tensor(list(targets[start : start + batch_size]))
+            hits.append((top.ids[:, :k].cpu() == target.unsqueeze(1)).any(1))
+            xs.append(x)
+        if not xs:
+            raise ValueError("no held-out user to calibrate on (all left out)")
+        self.calibration = fit_calibration(
+            torch.cat(xs), torch.cat(hits), feature_names(self.model.precision), k
+        )
+        return {"users": self.calibration.n_users, "left_out": left_out,
+                "hit_rate": self.calibration.hit_rate, "auroc": self.calibration.auroc}  # fmt: skip
+
+    def save_calibration(self, checkpoint: str | Path, output: str | Path | None = None) -> Path:
+        """Write :attr:`calibration` into a copy of ``checkpoint`` (``output``, default in place).
+
+        The file is replaced atomically, with a new content digest; everything
+        else in it is kept.
+        """
+        if self.calibration is None:
+            raise ValueError("no calibration to save: call calibrate() first")
+        from bft_lightning.utils.checkpoint_io import atomic_torch_save, content_digest
+
+        state = safe_load_checkpoint(checkpoint)
+        info = state.get(CHECKPOINT_KEY)
+        if not isinstance(info, dict):
+            raise CheckpointLoadError(f"{checkpoint}: not a checkpoint of SequentialRecommendation")
+        info["confidence"] = self.calibration.to_dict()
+        target = Path(output) if output is not None else Path(checkpoint)
+        atomic_torch_save(state, target, digest=content_digest(state))
+        return target
+
     def _cold(self, k: int) -> Recommendation:
         scores, ids = torch.topk(self._prior, k)
         return Recommendation(
@@ -293,5 +407,8 @@ class Recommender:
 
     def describe(self) -> dict[str, Any]:
         """Item count, ``max_len``, backbone class and device, for logs."""
+        cal = self.calibration
         return {"items": self.num_items, "max_len": self.max_len,
-                "backbone": type(self.model).__name__, "device": str(self.device)}  # fmt: skip
+                "backbone": type(self.model).__name__, "device": str(self.device),
+                "confidence": f"P(hit@{cal.k}), calibrated on {cal.n_users} users"
+                if cal is not None else "raw signal (not calibrated)"}  # fmt: skip
