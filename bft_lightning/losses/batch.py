@@ -23,12 +23,12 @@ NORMALIZATIONS = ("targets", "rows")
 
 class BatchLoss(NamedTuple):
     """``mean``: the per-target mean (logged as ``train/loss``); ``value``: what is
-    minimised; ``count``: what ``value`` is a mean over (targets or rows), a 0-d
+    minimised; ``divisor``: what ``value`` is a mean over (targets or rows), a 0-d
     tensor; ``targets``: the batch's count of targets."""
 
     mean: Tensor
     value: Tensor
-    count: Tensor
+    divisor: Tensor
     targets: int
 
 

@@ -123,9 +123,9 @@ class SequentialRecommendation(L.LightningModule):
             default) a per-target mean weighs each target of a batch of short
             histories many times more than one of a batch of long histories
             (up to 50x: rows of 1 against 50 targets); dividing by
-            the rows weighs every target alike (on Amazon Beauty it trained as
-            well as unbucketed batches: ``results/perf/notes.md``). Every target weighs the
-            same except in the epoch's last, smaller batch (``1 / its rows``).
+            the rows weighs every target alike (how each trained on Amazon
+            Beauty: ``results/perf/notes.md``). Every target weighs the same
+            except in the epoch's last, smaller batch (``1 / its rows``).
             ``train/loss`` is logged as the per-target mean either way. A
             checkpoint saved before this option existed resumes with
             ``"targets"``, as it was trained.
@@ -224,7 +224,7 @@ class SequentialRecommendation(L.LightningModule):
                          self.loss_normalization)  # fmt: skip
         self.log("train/loss", out.mean, prog_bar=True, batch_size=out.targets)
         trainer = self.trainer if self._trainer is not None else None
-        return global_mean(out.value, out.count, trainer, self.model, times is not None)
+        return global_mean(out.value, out.divisor, trainer, self.model, times is not None)
 
     def loss(self, hidden: Tensor, target: Tensor, log_prec: Tensor | None) -> Tensor:
         """hidden: (N, d) states with a label; target: (N,) item ids; the mean loss of
