@@ -72,10 +72,11 @@ def _locate(ex: QAExample, gold: Passage, ans: str) -> tuple[int, int] | None:
 def target_answer(ex: QAExample) -> tuple[str, Passage | None]:
     """The answer a model is trained to produce, and the gold passage that holds it.
 
-    The first of ``ex.answers`` found in a gold passage (on NQ-open ~8% of the
+    The first of ``ex.answers`` found in a gold passage (some NQ-open
     questions list first an answer that their passage does not contain, while
-    another listed answer is there: training on the first would teach an answer
-    the prompt does not show, and the crop would not keep the one it does);
+    another listed answer is there, ``results/perf/notes.md``: training on the
+    first would teach an answer the prompt does not show, and the crop would
+    not keep the one it does);
     else the first answer, with no passage.
     """
     for ans in ex.answers:
