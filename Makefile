@@ -42,3 +42,8 @@ quickstart: setup
 
 clean:
 	rm -rf $(VENV) lightning_logs .pytest_cache .mypy_cache .ruff_cache
+
+# configs/experiments/<backbone>_<precision>_<dataset>.yaml from the table configs/grid.yaml
+.PHONY: configs
+configs: setup
+	$(PY) bench/experiment_grid.py

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lm_fixtures import hf_checkpoint, hf_model, one_thread  # noqa: F401 (shared fixtures)
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

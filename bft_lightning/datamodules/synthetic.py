@@ -21,9 +21,8 @@ popularity by a wide margin (see ``tests/datamodules/test_datamodule_synthetic.p
 
 Generation is vectorised and linear in users, items and interactions (each
 popularity draw is a binary search of one cumulative array; each step walks
-only the users whose history is that long): 5,000 users take well under a
-second with 50k items, and a million items with ten million interactions
-about a minute (``results/perf/scale_train.md``). Earlier versions (up to the
+only the users whose history is that long; timings in
+``results/perf/scale_train.md``). Earlier versions (up to the
 losses module) drew from ``(users x items)`` tables, and the same seed gives
 other sequences now.
 """

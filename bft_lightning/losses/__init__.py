@@ -12,13 +12,18 @@
 ``"bce"``                   :class:`BCE`, ``k`` uniform negatives per row
 ==========================  ==================================================
 
-A new loss is a class following :class:`Loss` in a module of its own here,
-and a name in ``LOSSES`` and ``build_loss``. See ``docs/losses.md``.
+A training step calls :func:`batch_loss` (``batch.py``): it keeps the
+positions with a label, hands them to the configured loss (which draws its
+negatives, if it samples, and scores them through the model's head) and
+applies ``loss_normalization``. A new loss is a class following :class:`Loss`
+in a module of its own here, and a name in ``LOSSES`` and ``build_loss``; the
+task does not change. See ``docs/losses.md``.
 """
 
 from __future__ import annotations
 
 from .base import Loss, check_int, check_nonnegative
+from .batch import NORMALIZATIONS, BatchLoss, batch_loss, check_normalization
 from .chunked import ChunkedSoftmax, chunked_cross_entropy
 from .full import FullSoftmax
 from .per_row import BCE, RowSampledSoftmax
@@ -61,11 +66,15 @@ __all__ = [
     "BCE",
     "LOSSES",
     "NEGATIVES",
+    "NORMALIZATIONS",
+    "BatchLoss",
     "ChunkedSoftmax",
     "FullSoftmax",
     "Loss",
     "RowSampledSoftmax",
     "SampledSoftmax",
+    "batch_loss",
     "build_loss",
+    "check_normalization",
     "chunked_cross_entropy",
 ]

@@ -105,8 +105,8 @@ def target_ranks(scores: Tensor, target: Tensor, exclude: Tensor | None = None) 
     t_score = scores.gather(1, t_idx)  # (B, 1)
     if exclude is None:
         # count in column blocks with an int32 sum: the (B, block) comparison stays
-        # in cache and no int64 copy of a (B, N) mask is made (3-4x faster than
-        # summing one bool matrix); then take out the padding column and the
+        # in cache and no int64 copy of a (B, N) mask is made (faster than summing
+        # one bool matrix: results/perf/notes.md); then take out the padding column and the
         # target itself (>= itself, as no score is NaN)
         n = scores.shape[1]
         count = torch.zeros(scores.shape[0], dtype=torch.int32, device=scores.device)

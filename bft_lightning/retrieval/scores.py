@@ -101,7 +101,7 @@ class Scorer:
 
 def _max_abs(x: Tensor) -> float:
     """max |x| in one pass without a temporary (``x.abs().amax()`` writes a copy of
-    ``x``: ~15x slower on 1M item vectors); NaN if ``x`` holds one."""
+    ``x``, slower: results/perf/notes.md); NaN if ``x`` holds one."""
     low, high = torch.aminmax(x)
     return max(-float(low), float(high)) if not torch.isnan(low) else float("nan")
 

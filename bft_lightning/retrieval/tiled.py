@@ -2,7 +2,7 @@
 
 A score matrix of ``users x items`` written to main memory and read back
 costs more than its product (a fresh ``chunk x N`` output per chunk also page
-faults: 2-3x the GEMM's time on a CPU). So scores are made a tile
+faults; timings in ``results/perf/notes.md``). So scores are made a tile
 (``TILE_USERS x TILE_COLUMNS``) at a time into one reused buffer and reduced
 at once; the excluded entries of each tile are set to -inf first
 (:class:`~bft_lightning.retrieval.scores.Exclusion`).
@@ -107,7 +107,8 @@ def tile_topk(tile: Tensor, k: int, group: int = TILE_GROUP) -> tuple[Tensor, Te
 def _tile_logsumexp(tile: Tensor, row_max: Tensor, scratch: Tensor) -> Tensor:
     """(c,) log-sum-exp of each row of ``tile`` (c, w) given its maxima (c,), -inf for a
     row of -inf: ``exp2`` of ``x log2 e - max log2 e`` (one pass into a reused float32
-    buffer, then ``exp2`` in place, 2x faster than ``exp``), then a row sum."""
+    buffer, then ``exp2`` in place, faster than ``exp``: results/perf/notes.md), then a
+    row sum."""
     m = row_max.float().unsqueeze(1)  # (c, 1)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     s = torch.add(m * -LOG2E, tile, alpha=LOG2E, out=scratch[: tile.shape[0], : tile.shape[1]])
@@ -201,8 +202,9 @@ def tiled_target_ranks(
         tile: Tensor, j: int, t_score: Tensor, col: Tensor, counts: Tensor, excl: Exclusion | None
     ) -> None:
         # the tile becomes its own 0/1 indicator of "at or above the target" in place,
-        # and a float row sum counts it (~6x cheaper than a bool tensor and an integer
-        # sum); exact: a row holds at most 2^24 ones, summed in float32 at least.
+        # and a float row sum counts it (cheaper than a bool tensor and an integer
+        # sum: results/perf/notes.md); exact: a row holds at most 2^24 ones, summed in
+        # float32 at least.
         # counts (2, c): the count at or above the target, and the target's own (0 / 1)
         if excl is not None:
             excl.mask(tile, j)

@@ -1,4 +1,10 @@
-"""The sequential-recommendation LightningModule: losses, full ranking, strata.
+"""The sequential-recommendation LightningModule: it wires batch, model, loss and metrics.
+
+A training step encodes the batch and hands the states to the configured loss
+(``bft_lightning.losses``: negative sampling lives there); evaluation ranks
+every item (``bft_lightning.retrieval``) into a ``RankingMetric``. What a
+checkpoint records and how it is checked is ``tasks/checkpoint.py``; the DDP
+rescaling of the loss ``tasks/ddp.py``.
 
 The backbone is injected as a callable ``(num_items, max_len) -> model``, so
 configs name the backbone and its options while the item count comes from
@@ -7,8 +13,6 @@ the data (``LightningCLI`` links ``data.num_items`` and ``data.max_len``).
 
 from __future__ import annotations
 
-import functools
-import importlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -16,33 +20,20 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from bft_lightning.losses import LOSSES, build_loss
+from bft_lightning.losses import LOSSES, batch_loss, build_loss, check_normalization
 from bft_lightning.metrics import RankingMetric, write_report
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
-from bft_lightning.nn.hstu import RelativeAttentionBias
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import target_ranks
+from bft_lightning.tasks import checkpoint as ckpt
+from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
+from bft_lightning.tasks.ddp import global_mean
 from bft_lightning.tasks.optim import configure_adamw
 
-CHECKPOINT_KEY = "bft_lightning"  # what the checkpoint was saved from (classes, num_items)
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _related(class_path: str, cls: type) -> bool:
-    """Whether ``class_path`` names ``cls``, a subclass or a base class of it."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        saved = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return class_path == _qualname(cls)
-    return isinstance(saved, type) and (issubclass(cls, saved) or issubclass(saved, cls))
+__all__ = ["CHECKPOINT_KEY", "SequentialRecommendation", "backbone_spec", "trim_left_padding"]
 
 
 def _check_options(**values: float) -> None:
@@ -85,40 +76,10 @@ def _default_backbone(num_items: int, max_len: int) -> SequentialRecommender:
     return SASRec(num_items, max_len)
 
 
-def _plain(value: object) -> bool:
-    """A value a ``weights_only`` checkpoint load accepts and a config could name."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return True
-    if isinstance(value, list | tuple):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
-
-
 def backbone_spec(backbone: object, built: type) -> dict[str, Any] | None:
-    """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``.
-
-    Read from the factory: the default, a class, or a ``functools.partial`` of
-    the class (what code writes) or of an instantiator and the class (what
-    LightningCLI builds from ``class_path`` / ``init_args``). None when the
-    factory is something else or holds values that are not plain data.
-    """
-    if backbone is _default_backbone or backbone is built:
-        return {"class_path": _qualname(built), "init_args": {}}
-    if not isinstance(backbone, functools.partial):
-        return None
-    func, args = backbone.func, backbone.args
-    if isinstance(func, type) and not args:
-        cls = func
-    elif args and isinstance(args[-1], type) and not any(isinstance(a, type) for a in args[:-1]):
-        cls = args[-1]  # instantiator(*wrappers, cls, num_items, max_len, **init_args)
-    else:
-        return None
-    kwargs = dict(backbone.keywords)
-    if cls is not built or not _plain(kwargs):
-        return None
-    return {"class_path": _qualname(cls), "init_args": kwargs}
+    """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``
+    (``bft_lightning.tasks.checkpoint.backbone_spec``), the default factory included."""
+    return ckpt.backbone_spec(backbone, built, default=_default_backbone)
 
 
 class SequentialRecommendation(L.LightningModule):
@@ -162,9 +123,9 @@ class SequentialRecommendation(L.LightningModule):
             default) a per-target mean weighs each target of a batch of short
             histories many times more than one of a batch of long histories
             (up to 50x: rows of 1 against 50 targets); dividing by
-            the rows weighs every target alike (on Amazon Beauty it trained as
-            well as unbucketed batches: ``results/perf/notes.md``). Every target weighs the
-            same except in the epoch's last, smaller batch (``1 / its rows``).
+            the rows weighs every target alike (how each trained on Amazon
+            Beauty: ``results/perf/notes.md``). Every target weighs the same
+            except in the epoch's last, smaller batch (``1 / its rows``).
             ``train/loss`` is logged as the per-target mean either way. A
             checkpoint saved before this option existed resumes with
             ``"targets"``, as it was trained.
@@ -200,14 +161,9 @@ class SequentialRecommendation(L.LightningModule):
     ) -> None:
         super().__init__()
         self._prior_initialised = False  # the frequency prior is set by the first fit only
-        self._frequency_given = False  # the loss got the data's item counts (if it reads them)
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-        if loss_normalization not in ("targets", "rows"):
-            raise ValueError(
-                f"loss_normalization must be 'targets' or 'rows', got {loss_normalization!r}"
-            )
-        self.loss_normalization = loss_normalization
+        self.loss_normalization = check_normalization(loss_normalization)
         _check_options(num_items=num_items, max_len=max_len, num_negatives=num_negatives,
                        temperature=temperature, lr=lr, weight_decay=weight_decay,
                        prior_lr_scale=prior_lr_scale, warmup_steps=warmup_steps)  # fmt: skip
@@ -242,6 +198,8 @@ class SequentialRecommendation(L.LightningModule):
                 "item_vocabulary=CKPT; the command line does so for --ckpt_path)"
             )
         freq = self._item_frequency()
+        if freq is not None and self.criterion.needs_item_frequency:
+            self.criterion.set_item_frequency(freq)  # the data's training counts
         if stage == "fit" and freq is not None and not self._prior_initialised:
             # once: a second fit of the same module continues from the learned prior (a
             # resumed run's checkpoint is loaded after setup, over this init)
@@ -262,68 +220,15 @@ class SequentialRecommendation(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         ids, labels, times = self.model.train_view(trim_left_padding(batch))
         hidden, log_prec = self.model.encode(ids, times)
-        sel = labels > 0
-        lp = None if log_prec is None else log_prec[sel]
-        loss = self.loss(hidden[sel], labels[sel], lp)
-        self.log("train/loss", loss, prog_bar=True, batch_size=int(sel.sum()))
-        timed = times is not None
-        if self.loss_normalization == "rows":
-            rows = torch.full_like(sel.sum(), labels.shape[0])
-            return self._global_mean(loss * sel.sum() / rows, rows, timed)
-        return self._global_mean(loss, sel.sum(), timed)
-
-    def _global_mean(self, loss: Tensor, count: Tensor, timed: bool = True) -> Tensor:
-        """Rescale a per-process mean so DDP's gradient average is the mean over all targets
-        (or rows: ``count`` is what ``loss`` is a mean over).
-
-        DDP averages gradients over processes; processes with different target
-        counts would weigh a target by ``1 / (N * its process's count)``. Scaling
-        by ``N * count / total`` weighs every target by ``1 / total``, as one
-        process with the whole global batch does (one all-reduce of a scalar).
-        """
-        world = self.trainer.world_size if self._trainer is not None else 1
-        if world <= 1:
-            return loss
-        count = count.detach().to(loss.dtype)
-        total = self.trainer.strategy.reduce(count.clone(), reduce_op="sum")
-        anchor = self._unused_parameters_anchor(timed)
-        return loss * (count * world / total.clamp_min(1)) + anchor
-
-    def _unused_parameters_anchor(self, timed: bool = True) -> Tensor | float:
-        """``0 *`` the parameters the model declares unused, so plain DDP accepts the model.
-
-        A BFT layer whose output precision feeds nothing (the last layer with
-        ``head="dot"``, ``predict_noise=False``) keeps its ``rho`` for state-dict
-        compatibility but never gets a gradient; DDP without
-        ``find_unused_parameters`` stops on such a parameter. Its gradient
-        becomes 0, and AdamW leaves it where it is (rho is never decayed), so
-        the weights are those of one process. Likewise HSTU's time-bucket weights
-        when the batch has no timestamps (``timed=False``: S3-Rec-format data).
-        Only under DDP.
-        """
-        unused = [
-            rho
-            for _, layer in find_filter_layers(self.model)
-            if getattr(layer, "predict_noise", True) is False
-            and isinstance(rho := getattr(layer, "rho", None), torch.nn.Parameter)
-            and rho.requires_grad
-        ]
-        if not timed:
-            unused += [
-                m.time_weight
-                for m in self.model.modules()
-                if isinstance(m, RelativeAttentionBias) and m.time_weight.requires_grad
-            ]
-        return sum((p.sum() * 0.0 for p in unused), 0.0)
+        out = batch_loss(self.criterion, self.model, hidden, labels, log_prec,
+                         self.loss_normalization)  # fmt: skip
+        self.log("train/loss", out.mean, prog_bar=True, batch_size=out.targets)
+        trainer = self.trainer if self._trainer is not None else None
+        return global_mean(out.value, out.divisor, trainer, self.model, times is not None)
 
     def loss(self, hidden: Tensor, target: Tensor, log_prec: Tensor | None) -> Tensor:
         """hidden: (N, d) states with a label; target: (N,) item ids; the mean loss of
         the configured ``criterion`` (``bft_lightning.losses``)."""
-        if self.criterion.needs_item_frequency and not self._frequency_given:
-            freq = self._item_frequency()  # the data module's training counts, once
-            if freq is not None:
-                self.criterion.set_item_frequency(freq)
-                self._frequency_given = True
         return self.criterion(self.model, hidden, target, log_prec)
 
     # -- evaluation ---------------------------------------------------------------------
@@ -401,8 +306,8 @@ class SequentialRecommendation(L.LightningModule):
         fingerprint; see ``bft_lightning.datamodules.vocabulary``.
         """
         info: dict[str, Any] = {
-            "task": _qualname(type(self)),
-            "backbone": _qualname(type(self.model)),
+            "task": qualname(type(self)),
+            "backbone": qualname(type(self.model)),
             "num_items": self.num_items,
             "max_len": int(self.hparams.get("max_len", self.model.max_len)),
         }
@@ -417,33 +322,13 @@ class SequentialRecommendation(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         source = self.trainer.ckpt_path if self._trainer is not None else None
         self.check_checkpoint(checkpoint, str(source or "checkpoint"))
-        self._use_checkpoint_vocabulary(checkpoint, str(source or "checkpoint"))
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        ckpt.use_checkpoint_vocabulary(dm, checkpoint, str(source or "checkpoint"))
         hparams = checkpoint.get("hyper_parameters")
         if isinstance(hparams, dict) and "loss_normalization" not in hparams:
             # saved before the option existed (and "rows" became the default): a resumed
             # run goes on with the per-target mean it was trained with
             self.loss_normalization = "targets"
-
-    def _use_checkpoint_vocabulary(self, checkpoint: dict[str, Any], source: str) -> None:
-        """Encode the attached data in the checkpoint's item ids; warn if it has none.
-
-        Runs before any loader of the stage is built, so evaluation, prediction
-        and a resumed fit all see the checkpoint's indices.
-        """
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        use = getattr(dm, "use_vocabulary", None)
-        if not callable(use):
-            return
-        vocabulary = (checkpoint.get(CHECKPOINT_KEY) or {}).get("vocabulary")
-        if vocabulary is None:
-            rank_zero_warn(
-                f"{source}: the checkpoint holds no item vocabulary (saved before checkpoints "
-                "stored one): cannot check that the data's item ids are those it was trained "
-                "on, nor map a reordered or extended data file; ids are taken in the data's "
-                "order of first appearance"
-            )
-            return
-        use(vocabulary, source)
 
     # -- prediction ---------------------------------------------------------------------
     predict_k: int = 10  # set by RecommendationWriter
@@ -473,45 +358,10 @@ class SequentialRecommendation(L.LightningModule):
         backbone class it was saved from (the same, a subclass or a base); its
         ``num_items`` against this model's (which the data sets); the parameter
         names (unless ``strict_loading`` is off) and shapes; finite values in
-        every floating-point tensor.
+        every floating-point tensor (``bft_lightning.tasks.checkpoint``).
         """
-        state = checkpoint.get("state_dict")
-        if not isinstance(state, dict):
-            raise ValueError(f"{source}: not a Lightning checkpoint (no state_dict)")
-        info = checkpoint.get(CHECKPOINT_KEY) or {}
-        saved = info.get("backbone")
-        if saved is not None and not _related(saved, type(self.model)):
-            raise ValueError(
-                f"{source}: checkpoint from another model: its backbone is {saved}, "
-                f"this run builds {_qualname(type(self.model))}"
-            )
-        hparams = checkpoint.get("hyper_parameters") or {}
-        saved_items = info.get("num_items", hparams.get("num_items"))
-        if saved_items is not None and saved_items != self.num_items:
-            raise ValueError(
-                f"{source}: the checkpoint was trained on num_items={saved_items} items but the "
-                f"data has {self.num_items}; use the data (and item ids) it was trained on, "
-                "or encode the data in its vocabulary (the DataModule's item_vocabulary)"
-            )
-        own = self.state_dict()
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        if (missing or unexpected) and self.strict_loading:
-            raise ValueError(
-                f"{source}: checkpoint from another model: missing parameters {missing[:4]}, "
-                f"unexpected {unexpected[:4]} ({len(missing)} missing, "
-                f"{len(unexpected)} unexpected)"
-            )
-        for name, tensor in state.items():
-            if not isinstance(tensor, Tensor) or name not in own:
-                continue
-            if tuple(tensor.shape) != tuple(own[name].shape):
-                raise ValueError(
-                    f"{source}: parameter {name} has shape {tuple(tensor.shape)} in the "
-                    f"checkpoint, {tuple(own[name].shape)} in this model (other options?)"
-                )
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise ValueError(f"{source}: parameter {name} holds NaN or inf values")
+        ckpt.check_checkpoint(checkpoint, self.model, self.state_dict(), self.num_items,
+                              self.strict_loading, source)  # fmt: skip
 
     # -- optimisation -------------------------------------------------------------------
     def configure_optimizers(self):  # type: ignore[override]

@@ -160,7 +160,7 @@ def test_interrupted_tokenizer_save_leaves_no_file(
     def interrupted(src: object, dst: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(qa.os, "replace", interrupted)
+    monkeypatch.setattr(qa.encoding.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         qa.train_bpe_tokenizer(["w1 w2 w3"] * 10, 280, tmp_path / "tok" / "tokenizer.json")
     assert list((tmp_path / "tok").iterdir()) == []

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.cli import LightningCLI
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EXPERIMENTS = sorted((CONFIGS / "experiments").glob("lm_*.yaml"))
 
 

@@ -15,6 +15,8 @@ from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule
 from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
 from bft_lightning.tasks.language import LanguageSFT, token_loss
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
+
 
 def test_focal_loss_formula_and_reduction_to_ce() -> None:
     logits = torch.randn(2, 5, 11)

@@ -1,4 +1,7 @@
-"""Fixtures of the language-model tests (single-threaded; tiny models only)."""
+"""Fixtures of the language-model tests (tiny models only), imported by ``tests/conftest.py``.
+
+A module that wants one thread says so: ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ import torch
 from lm_helpers import write_hf_checkpoint
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
+@pytest.fixture(scope="module")
+def one_thread():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

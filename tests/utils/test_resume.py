@@ -48,7 +48,7 @@ from bft_lightning.utils import checkpoint_io as checkpoint_io_mod
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = REPO / "configs" / "experiments" / "sasrec_on_synthetic.yaml"
 
 

@@ -13,6 +13,8 @@ from lm_helpers import TINY, write_hf_checkpoint
 from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, weight_files
 from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
+
 pytest.importorskip("transformers")
 
 

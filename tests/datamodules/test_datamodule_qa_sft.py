@@ -28,6 +28,8 @@ from bft_lightning.datamodules.qa import (
 )
 from bft_lightning.datamodules.qa import target_answer as qa_target_answer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
+
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory: pytest.TempPathFactory):

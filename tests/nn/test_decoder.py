@@ -20,6 +20,8 @@ from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
+
 V = TINY["vocab_size"]
 
 
