@@ -324,6 +324,15 @@ class SequentialRecommendation(L.LightningModule):
         self.check_checkpoint(checkpoint, str(source or "checkpoint"))
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         ckpt.use_checkpoint_vocabulary(dm, checkpoint, str(source or "checkpoint"))
+        # a calibrated confidence (python -m bft_lightning calibrate) is used by predict;
+        # it is not saved again: new weights need a new calibration
+        calibration = (checkpoint.get(CHECKPOINT_KEY) or {}).get("confidence")
+        if calibration is not None:
+            from bft_lightning.serving.calibration import ConfidenceCalibration
+
+            self.confidence_calibration = ConfidenceCalibration.from_dict(
+                calibration, str(source or "checkpoint")
+            )
         hparams = checkpoint.get("hyper_parameters")
         if isinstance(hparams, dict) and "loss_normalization" not in hparams:
             # saved before the option existed (and "rows" became the default): a resumed
@@ -333,12 +342,14 @@ class SequentialRecommendation(L.LightningModule):
     # -- prediction ---------------------------------------------------------------------
     predict_k: int = 10  # set by RecommendationWriter
     predict_exclude_seen: bool = False
+    confidence_calibration: Any = None  # a serving.calibration.ConfidenceCalibration
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """The top ``predict_k`` items after each row's history (``predict_dataloader``).
 
         Returns ``user`` (B,) user indices, ``items`` (B, k) item indices (0 where
-        fewer than k are eligible), ``scores`` (B, k) and ``confidence`` (B,).
+        fewer than k are eligible), ``scores`` (B, k) and ``confidence`` (B,): the
+        checkpoint's calibrated ``P(hit@k)`` when it has one (``calibrate``).
         With ``predict_exclude_seen`` the items of the input window are excluded.
         """
         from bft_lightning.serving.inference import rank_next
@@ -346,8 +357,15 @@ class SequentialRecommendation(L.LightningModule):
         batch = trim_left_padding(batch, keep_one=True)
         ids = batch["input_ids"]
         exclude = ids if self.predict_exclude_seen else None
+        log_count = None
+        if self.confidence_calibration is not None:
+            freq = self._item_frequency()
+            if freq is None:
+                raise ValueError("a calibrated confidence needs the data's item counts")
+            log_count = torch.log1p(freq.float()).to(ids.device)
         top, confidence = rank_next(self.model, ids, self.predict_k, batch.get("input_time"),
-                                    exclude)  # fmt: skip
+                                    exclude, self.confidence_calibration,
+                                    log_count)  # fmt: skip
         return {"user": batch["user"], "items": top.ids, "scores": top.scores,
                 "confidence": confidence}  # fmt: skip
 

@@ -222,3 +222,25 @@ def test_module_exit_2_without_traceback(mixed) -> None:
     done = _run("--ckpt_path", str(mixed[0]), "--input", "missing.csv")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == "error: missing.csv: input file not found"
+
+
+def test_predict_gives_the_calibrated_confidence_of_recommend(mixed, tmp_path, capsys) -> None:
+    """`predict` on a calibrated checkpoint: the same probabilities as the Recommender."""
+    from bft_lightning.cli import main
+
+    ckpt, data, cfg = mixed
+    cal = tmp_path / "cal.ckpt"
+    code, err = _calibrate(capsys, "--ckpt_path", str(ckpt), "--config", str(cfg), "--k", "3",
+                           "--output", str(cal))  # fmt: skip
+    assert code == 0, err
+    out = tmp_path / "next.jsonl"
+    main(["predict", "--config", str(cfg), "--ckpt_path", str(cal),
+          "--trainer.callbacks+=bft_lightning.serving.RecommendationWriter",
+          f"--trainer.callbacks.output={out}", "--trainer.callbacks.k=5"])  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    got = {r["user"]: r["confidence"] for r in rows if r["rank"] == 1}
+    users = [line.split() for line in data.read_text().splitlines()][:50]
+    rec = Recommender.from_checkpoint(cal)
+    want = rec.recommend([u[1:] for u in users], k=5)
+    assert [got[u[0]] for u in users] == pytest.approx([w.confidence for w in want], abs=1e-5)
+    assert all(0 < got[u[0]] < 1 for u in users)
