@@ -325,24 +325,6 @@ def ffn_jacobian_matrix(w1: Tensor, w2: Tensor, norm_scale: Tensor | None, group
     return prod.reshape(groups, d // groups, f).mean(dim=1).t()
 
 
-class _GeluDerivative(torch.autograd.Function):
-    """``phi'(a) = Phi(a) + a phi(a)`` with ``phi''(a) = phi(a) (2 - a^2)`` in backward.
-
-    Saves only ``a`` (which the FFN keeps for GELU's own backward anyway), so
-    the Jacobian path adds no activation memory.
-    """
-
-    @staticmethod
-    def forward(ctx, a: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a)
-        return _activation_derivative_eager(a, "gelu")
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        (a,) = ctx.saved_tensors
-        return (grad * _gelu_second_derivative(upcast(a))).to(a.dtype)
-
-
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 # e^x as 2^(x log2 e): PyTorch's CPU exp2 kernel runs faster than its exp
 # (results/perf/notes.md), and the extra rounding of x log2 e is of the order of
@@ -361,80 +343,19 @@ def silu_derivative(a: Tensor, sigmoid: Tensor | None = None) -> Tensor:
     return s * (1.0 + af * (1.0 - s))
 
 
+BACKWARDS = ("custom", "autograd")
+
+
 def activation_derivative(a: Tensor, activation: str) -> Tensor:
-    """``phi'(a)`` for ``relu`` (a step: zero second derivative) and exact ``gelu``."""
+    """``phi'(a)`` for ``relu`` (a step: zero second derivative) and exact ``gelu``
+    (``Phi(a) + a phi(a)``), float32 or wider, as plain ops that autograd
+    differentiates (``backward="autograd"``)."""
+    af = upcast(a)
     if activation == "relu":
-        return (a.detach() > 0).to(a.dtype)
+        return (af.detach() > 0).to(af.dtype)
     if activation == "gelu":
-        if torch.compiler.is_compiling():
-            # traced: plain ops, which inductor fuses; the hand-written backward (in
-            # place, for eager speed) came back as zeros from inductor on CUDA
-            # (torch 2.11, H200), see norm_sigma
-            af = upcast(a)
-            return torch.special.ndtr(af) + af * torch.exp(-0.5 * af.square()) * _INV_SQRT_2PI
-        return _GeluDerivative.apply(a)
+        return torch.special.ndtr(af) + af * torch.exp(-0.5 * af.square()) * _INV_SQRT_2PI
     raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-
-
-def _gelu_second_derivative(af: Tensor) -> Tensor:
-    """``phi''(a) = phi(a) (2 - a^2)`` of the exact GELU, float32 ``af``, fresh buffers."""
-    sq = af * af  # a product: Tensor.square runs the slower pow kernel on CPU
-    pdf = sq.mul(-0.5 * _LOG2E).exp2_()  # e^{-a^2 / 2}
-    return pdf.mul_(sq.sub_(2.0)).mul_(-_INV_SQRT_2PI)
-
-
-class _ActivationJacobianProduct(torch.autograd.Function):
-    """``phi'(a) @ M`` that keeps ``a`` and ``M`` only, not the (B, T, F) ``phi'(a)``.
-
-    A plain ``activation_derivative(a) @ m`` saves ``phi'(a)`` for ``M``'s
-    gradient: one more (B, T, F) float32 activation per layer, as large as the
-    FFN's own. Here the backward recomputes ``phi'(a)`` from ``a`` (which the
-    FFN keeps anyway): ``dM = phi'(a)^T g`` and ``da = (g M^T) phi''(a)``.
-    """
-
-    @staticmethod
-    def forward(ctx, a: Tensor, m: Tensor, activation: str) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a, m)
-        ctx.activation = activation
-        return matmul_few_columns(_activation_derivative_eager(a, activation), m)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
-        a, m = ctx.saved_tensors
-        needs_a, needs_m, _ = ctx.needs_input_grad
-        grad_a = grad_m = None
-        if needs_m:
-            dphi = _activation_derivative_eager(a, ctx.activation)
-            grad_m = gram_few_columns(dphi, grad)
-        if needs_a and ctx.activation == "gelu":  # relu: phi'' = 0, no gradient to a
-            grad_a = (grad @ m.t()).mul_(_gelu_second_derivative(upcast(a))).to(a.dtype)
-        return grad_a, grad_m, None
-
-
-def _activation_derivative_eager(a: Tensor, activation: str) -> Tensor:
-    """``phi'(a)`` in float32 with no graph (the caller differentiates)."""
-    af = upcast(a.detach())
-    if activation == "relu":
-        return (af > 0).to(af.dtype)
-    # PyTorch's exact-GELU backward kernel returns grad * phi'(a) in one fused pass
-    # (this runs over (B, T, F) twice a step): with grad = 1 it is phi'(a) itself,
-    # faster on CPU than the formula's nine elementwise passes (results/perf/notes.md)
-    return torch.ops.aten.gelu_backward(torch.ones_like(af), af, approximate="none")
-
-
-def activation_jacobian_product(a: Tensor, m: Tensor, activation: str) -> Tensor:
-    """``phi'(a) @ M`` (B, T, G) float32 for ``a`` (B, T, F) and ``M`` (F, G).
-
-    The same values and gradients as ``activation_derivative(a, activation) @ m``
-    without keeping the (B, T, F) derivative for the backward (eager mode; a
-    traced graph uses the plain ops, which inductor fuses and plans itself).
-    """
-    if activation not in ("relu", "gelu"):
-        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-    if torch.compiler.is_compiling():
-        return upcast(activation_derivative(a, activation)) @ m
-    return _ActivationJacobianProduct.apply(a, m, activation)
 
 
 _BLOCK_ELEMENTS = 1 << 18  # a row block of (B T, F) work: 1 MB in float32, cache-sized
@@ -580,22 +501,30 @@ class _GeluWithJacobian(torch.autograd.Function):
         return grad_a, grad_m
 
 
-def activation_with_jacobian(a: Tensor, m: Tensor, activation: str) -> tuple[Tensor, Tensor]:
+def activation_with_jacobian(
+    a: Tensor, m: Tensor, activation: str, backward: str = "custom"
+) -> tuple[Tensor, Tensor]:
     """``(phi(a), phi'(a) @ M)``: the FFN's activation and the Jacobian product.
 
-    The same values and gradients as ``phi(a)`` and
-    :func:`activation_jacobian_product`; for the exact GELU in eager mode one
-    Function evaluates ``phi'(a)`` once in the backward for both (a traced graph
-    and ReLU use the plain ops, the latter's derivative being a step). The
-    product is float32 with autocast off on every path, as the precision path
-    needs (the activation follows autocast like the FFN's own).
+    a: (B, T, F); m: (F, G). Returns (B, T, F) in ``a``'s dtype (the activation
+    follows autocast like the FFN's own) and (B, T, G) float32, autocast off.
+
+    ``backward="custom"`` with the exact GELU: one Function evaluates ``phi'(a)``
+    once in the backward for both and keeps only ``a`` and ``M``
+    (:class:`_GeluWithJacobian`). ``"autograd"``, and ReLU (whose derivative is
+    a step), use plain ops (:func:`activation_derivative`). Same values and
+    gradients.
     """
-    if activation == "gelu" and not torch.compiler.is_compiling():
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if activation == "gelu" and backward == "custom":
         act, jac = _GeluWithJacobian.apply(a, m)
         return act, jac
     act = F.gelu(a) if activation == "gelu" else F.relu(a)
     with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
-        return act, activation_jacobian_product(a, upcast(m), activation)
+        return act, activation_derivative(a, activation) @ upcast(m)
 
 
 def matmul_few_columns(x: Tensor, m: Tensor) -> Tensor:
@@ -616,18 +545,18 @@ def gram_few_columns(x: Tensor, g: Tensor) -> Tensor:
     return torch.mm(g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1])).t()
 
 
-def norm_sigma(x: Tensor, eps: float, rms: bool = False) -> Tensor:
+def norm_sigma(x: Tensor, eps: float, rms: bool = False, backward: str = "custom") -> Tensor:
     """The norm's own denominator per token: std for LayerNorm, rms for RMSNorm.
 
-    x: (B, T, d). Returns (B, T) float32.
+    x: (B, T, d). Returns (B, T) float32. ``backward="custom"``: LayerNorm's
+    through :class:`_LayerNormSigma` (keeps only ``x``); ``"autograd"``: the
+    plain formula (for ``torch.compile``: inductor on CUDA, torch 2.11, returned
+    zero gradients through the hand-written Function). Same values and gradients.
     """
     x = upcast(x)
     if rms:
         return torch.sqrt(x.square().mean(dim=-1) + eps)
-    if torch.compiler.is_compiling():
-        # under torch.compile the plain formula, differentiated by autograd: inductor
-        # on CUDA (torch 2.11, H200) returned zero gradients through the hand-written
-        # Function below while the forward was exact; CPU inductor was right
+    if backward == "autograd":
         centred = x - x.mean(dim=-1, keepdim=True)
         return torch.sqrt(centred.square().mean(dim=-1) + eps)
     return _LayerNormSigma.apply(x, eps)

@@ -216,9 +216,12 @@ def test_sill_is_a_running_statistic() -> None:
     layer = bft_layer(precision="on")
     before = layer.sill.clone()
     layer.train()(torch.randn(4, 6, D))
+    assert torch.equal(layer.sill, before)  # staged: applied before the next step
+    layer.flush_sill()  # (the stacks flush at the start of each forward)
     assert not torch.equal(layer.sill, before)
     frozen = layer.sill.clone()
     layer.eval()(torch.randn(4, 6, D))
+    layer.flush_sill()
     assert torch.equal(layer.sill, frozen)
     # a single token still has a finite, positive observation precision
     set_recording(layer, True)
