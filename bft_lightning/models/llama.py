@@ -44,6 +44,8 @@ from bft_lightning.nn.checks import (
     check_sizes,
 )
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer, LayerCache, RMSNorm
+from bft_lightning.nn.filter import FilterConfig
+from bft_lightning.nn.kernels import KERNELS
 from bft_lightning.nn.prior import PrecisionPrior
 from bft_lightning.nn.stats import FilterStats, find_filter_layers
 
@@ -291,6 +293,10 @@ class BFTOptions:
             ``"sdpa"`` (fused in off mode, materialised weights in on mode) or
             ``"reference"`` (materialised weights in both).
         attention_chunk: query block size of the chunked path.
+        backward: ``"custom"`` (hand-written backward passes) or ``"autograd"``
+            (plain ops, for ``torch.compile``); see ``nn.filter.FilterConfig``.
+
+    The layers' share of these options is :meth:`filter_config`.
     """
 
     precision: str = "off"
@@ -304,15 +310,26 @@ class BFTOptions:
     dropout: float = 0.0
     attention_impl: str = "chunked"
     attention_chunk: int = 256
+    backward: str = "custom"
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, ("off", "on"))
         check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
-        check_choice("attention_impl", self.attention_impl, ("chunked", "sdpa", "reference"))
+        check_choice("attention_impl", self.attention_impl, tuple(KERNELS))
+        check_choice("backward", self.backward, ("custom", "autograd"))
         check_int("groups", self.groups, optional=True)
         check_sizes(prior_width=self.prior_width, attention_chunk=self.attention_chunk)
         check_number("prior_scale", self.prior_scale, 0.0, low_open=True, optional=True)
         check_filter_options(self.dropout, self.q_init, self.nu0, self.sill_momentum, 1.0)
+
+    def filter_config(self, predict_noise: bool = True) -> FilterConfig:
+        """The decoder layers' ``FilterConfig`` (``predict_noise``: False for the last layer)."""
+        return FilterConfig(
+            precision=self.precision, groups=self.groups, q_init=self.q_init, nu0=self.nu0,  # type: ignore[arg-type]
+            sill_momentum=self.sill_momentum, predict_noise=predict_noise,
+            attention_gate=self.attention_gate, attention_impl=self.attention_impl,  # type: ignore[arg-type]
+            attention_chunk=self.attention_chunk, backward=self.backward,  # type: ignore[arg-type]
+        )  # fmt: skip
 
 
 @dataclass
@@ -356,15 +373,7 @@ class LlamaModel(nn.Module):
                 attention_bias=config.attention_bias,
                 mlp_bias=config.mlp_bias,
                 dropout=bft.dropout,
-                precision=bft.precision,
-                groups=bft.groups,
-                q_init=bft.q_init,
-                nu0=bft.nu0,
-                sill_momentum=bft.sill_momentum,
-                attention_gate=bft.attention_gate,
-                attention_impl=bft.attention_impl,
-                attention_chunk=bft.attention_chunk,
-                predict_noise=i < n - 1,
+                config=bft.filter_config(predict_noise=i < n - 1),
             )
             for i in range(n)
         )

@@ -78,7 +78,8 @@ class FilterConfig:
             ablation; encoder only).
         attention_gate: None or ``"sigmoid"`` (the gated-attention baseline).
         attention_impl: the attention kernel, a name of ``nn.kernels.KERNELS``
-            (``"reference"``, ``"chunked"``, ``"sdpa"``); HSTU has its own.
+            (``"chunked"``, the models' default; ``"reference"``, a bare
+            ``BFTEncoderLayer``'s; ``"sdpa"``); HSTU has its own.
         attention_chunk: query block size of the chunked kernel.
         backward: ``"custom"`` (hand-written backward passes that keep only the
             FFN's own activations: eager training) or ``"autograd"`` (plain ops
@@ -96,7 +97,7 @@ class FilterConfig:
     gain: Literal["group", "head"] = "group"
     key_precision: bool = True
     attention_gate: Literal["sigmoid"] | None = None
-    attention_impl: str = "reference"
+    attention_impl: str = "chunked"
     attention_chunk: int = 256
     backward: Literal["custom", "autograd"] = "custom"
 
