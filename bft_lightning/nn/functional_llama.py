@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -74,8 +75,8 @@ def swiglu_jacobian_matrices(
 
     w_gate (W1), w_up (W3): (F, d); w_down (W2): (d, F); norm_scale: (d,).
     """
-    m1 = BF.ffn_jacobian_matrix(w_gate, w_down, norm_scale, groups)
-    m3 = BF.ffn_jacobian_matrix(w_up, w_down, norm_scale, groups)
+    m1 = J.ffn_jacobian_matrix(w_gate, w_down, norm_scale, groups)
+    m3 = J.ffn_jacobian_matrix(w_up, w_down, norm_scale, groups)
     return m1, m3
 
 
@@ -96,12 +97,12 @@ def swiglu_pooled_jacobian(
     float32 tensors a layer (``silu'(a)``, ``silu'(a) b`` and ``silu(a)``), which
     at Llama widths (F = 5632) are the largest activations of the layer.
     """
-    if backward not in BF.BACKWARDS:
-        raise ValueError(f"backward must be one of {BF.BACKWARDS}, got {backward!r}")
+    if backward not in J.BACKWARDS:
+        raise ValueError(f"backward must be one of {J.BACKWARDS}, got {backward!r}")
     if backward == "autograd":
         with torch.autocast(a.device.type, enabled=False):  # float32 as in eager mode
             af = BF.upcast(a)
-            weighted_gate = BF.silu_derivative(af) * BF.upcast(b)
+            weighted_gate = J.silu_derivative(af) * BF.upcast(b)
             product = weighted_gate @ m1.to(af.dtype) + F.silu(af) @ m3.to(af.dtype)
     else:
         product = _SwigluJacobianProduct.apply(a, b, m1, m3)
@@ -124,9 +125,9 @@ class _SwigluJacobianProduct(torch.autograd.Function):
             af, bf = BF.upcast(a.detach()), BF.upcast(b.detach())
             m1f, m3f = m1.detach().to(af.dtype), m3.detach().to(af.dtype)
             s = torch.sigmoid(af)
-            weighted_gate = BF.silu_derivative(af, s).mul_(bf)
+            weighted_gate = J.silu_derivative(af, s).mul_(bf)
             # silu(a) @ M3 + (silu'(a) b) @ M1, each as a product with few columns
-            return BF.matmul_few_columns(af * s, m3f) + BF.matmul_few_columns(weighted_gate, m1f)
+            return J.matmul_few_columns(af * s, m3f) + J.matmul_few_columns(weighted_gate, m1f)
 
     @staticmethod
     @once_differentiable
@@ -144,13 +145,13 @@ class _SwigluJacobianProduct(torch.autograd.Function):
         grad = grad.to(af.dtype)
         m1f, m3f = m1.to(af.dtype), m3.to(af.dtype)
         s = torch.sigmoid(af)
-        d1 = BF.silu_derivative(af, s)
+        d1 = J.silu_derivative(af, s)
         g2 = grad.reshape(-1, grad.shape[-1])
         grad_a = grad_b = grad_m1 = grad_m3 = None
         if need_m1:
-            grad_m1 = BF.gram_few_columns(d1 * bf, g2).to(m1.dtype)
+            grad_m1 = J.gram_few_columns(d1 * bf, g2).to(m1.dtype)
         if need_m3:
-            grad_m3 = BF.gram_few_columns(af * s, g2).to(m3.dtype)
+            grad_m3 = J.gram_few_columns(af * s, g2).to(m3.dtype)
         if need_a or need_b:
             via_m1 = grad @ m1f.t()  # (B, T, F)
             if need_b:

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
 from bft_lightning.nn.filter import (
@@ -292,7 +293,7 @@ class HSTULayer(FilterLayer):
             sigma1 = BF.norm_sigma(h, self.norm1.eps, backward=self.backward)  # (B, T)
             s2_h = torch.exp(-lp) / sigma1.square().unsqueeze(-1)  # (B, T, G)
             p_v = BF.delta_rule_matrix(self.value_weight, hv, self.groups)  # (H dv, G)
-            dsilu = BF.silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
+            dsilu = J.silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
             s2_v = (BF.delta_rule(s2_h, p_v) * dsilu.square()).view(b, t, self.nhead, -1).mean(-1)
             log_lbar = -torch.log(s2_v.clamp_min(TINY)).transpose(1, 2)  # (B, H, T)
             v32 = BF.upcast(v)  # (B, H, T, dv)

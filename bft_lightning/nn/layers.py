@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.attention import KrigingAttention, build_allowed
 from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
 from bft_lightning.nn.filter import (
@@ -173,7 +174,7 @@ class BFTEncoderLayer(FilterLayer):
         if m is None:
             act, jac = (F.gelu(a) if self.activation == "gelu" else F.relu(a)), None
         else:
-            act, jac = BF.activation_with_jacobian(a, m, self.activation, self.backward)
+            act, jac = J.activation_with_jacobian(a, m, self.activation, self.backward)
         return self.linear2(self.dropout(act)), jac
 
     def forward(
@@ -243,7 +244,7 @@ class BFTEncoderLayer(FilterLayer):
     def _dynamics(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """The FFN's output (dropout applied) and its pooled Jacobian ``Jbar`` (B, T, G)."""
         with torch.autocast(h.device.type, enabled=False):
-            m = BF.ffn_jacobian_matrix(
+            m = J.ffn_jacobian_matrix(
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
             )  # (F, G)
         f, jac = self._ffn(self.norm2(h), m)

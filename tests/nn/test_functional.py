@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.functional import masked_softmax
 
 
@@ -161,9 +162,9 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
     jac = torch.autograd.functional.jacobian(
         lambda x: lin2(torch.nn.functional.gelu(lin1(ln(x)))), h
     )
-    m = BF.ffn_jacobian_matrix(lin1.weight, lin2.weight, ln.weight, g)
+    m = J.ffn_jacobian_matrix(lin1.weight, lin2.weight, ln.weight, g)
     a = lin1(ln(h))
-    jbar = BF.activation_with_jacobian(a.view(1, 1, f), m, "gelu")[1] / BF.norm_sigma(
+    jbar = J.activation_with_jacobian(a.view(1, 1, f), m, "gelu")[1] / BF.norm_sigma(
         h.view(1, 1, d), ln.eps
     ).unsqueeze(-1)
     # the spec's diagonal ignores LayerNorm's centring/normalising projection terms,
@@ -171,7 +172,7 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
     sigma = BF.norm_sigma(h.view(1, 1, d), ln.eps).item()
     leading = (
         torch.einsum(
-            "ik,k,ki,i->i", lin2.weight, BF.activation_derivative(a, "gelu"), lin1.weight, ln.weight
+            "ik,k,ki,i->i", lin2.weight, J.activation_derivative(a, "gelu"), lin1.weight, ln.weight
         )
         / sigma
     )
@@ -184,8 +185,8 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
 def test_gelu_derivative_matches_autograd_and_gradchecks() -> None:
     a = torch.linspace(-4, 4, 41, dtype=torch.float64, requires_grad=True)
     (auto,) = torch.autograd.grad(torch.nn.functional.gelu(a).sum(), a, create_graph=True)
-    torch.testing.assert_close(BF.activation_derivative(a, "gelu"), auto)
-    assert torch.autograd.gradcheck(lambda x: BF.activation_derivative(x, "gelu"), (a,))
+    torch.testing.assert_close(J.activation_derivative(a, "gelu"), auto)
+    assert torch.autograd.gradcheck(lambda x: J.activation_derivative(x, "gelu"), (a,))
 
 
 def test_autograd_backward_equals_the_hand_written_functions() -> None:
@@ -196,7 +197,7 @@ def test_autograd_backward_equals_the_hand_written_functions() -> None:
     m = torch.randn(8, 2, dtype=torch.float64)
     pieces = {
         "norm_sigma": lambda t, b: BF.norm_sigma(t, 1e-5, backward=b),
-        "gelu jacobian": lambda t, b: BF.activation_with_jacobian(t, m, "gelu", b)[1],
+        "gelu jacobian": lambda t, b: J.activation_with_jacobian(t, m, "gelu", b)[1],
     }
     for name, fn in pieces.items():
         results = []
@@ -213,7 +214,7 @@ def test_autograd_backward_equals_the_hand_written_functions() -> None:
         torch.testing.assert_close(v1, v0, msg=name)
         torch.testing.assert_close(g1, g0, msg=name)
     with pytest.raises(ValueError, match="backward must be one of"):
-        BF.activation_with_jacobian(x, m, "gelu", "traced")
+        J.activation_with_jacobian(x, m, "gelu", "traced")
 
 
 def _assert_keeps_only_a(call, a: torch.Tensor) -> None:
@@ -237,10 +238,10 @@ def test_activation_with_jacobian_equals_separate_ops(
     when only one of the two outputs is used; with ``block`` the GELU path works
     in row blocks of 3 rows (10 rows: blocks 3, 3, 3, 1), as on a CPU at scale."""
     if block is not None:
-        monkeypatch.setattr(BF, "_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(J, "_BLOCK_ELEMENTS", block)
     a = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
     m = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
-    act, jac = BF.activation_with_jacobian(a, m, activation, backward)
+    act, jac = J.activation_with_jacobian(a, m, activation, backward)
     a2, m2 = a.detach().clone().requires_grad_(), m.detach().clone().requires_grad_()
     phi = torch.nn.functional.gelu if activation == "gelu" else torch.nn.functional.relu
     if activation == "gelu":  # the textbook formula, independent of the library's paths
@@ -269,10 +270,10 @@ def test_activation_with_jacobian_equals_separate_ops(
                 torch.testing.assert_close(g, r, msg=use)
     if activation == "gelu":
         assert torch.autograd.gradcheck(
-            lambda x, y: BF.activation_with_jacobian(x, y, "gelu", backward), (a, m)
+            lambda x, y: J.activation_with_jacobian(x, y, "gelu", backward), (a, m)
         )
     if activation == "gelu" and backward == "custom":
-        _assert_keeps_only_a(lambda: BF.activation_with_jacobian(a, m, activation), a)
+        _assert_keeps_only_a(lambda: J.activation_with_jacobian(a, m, activation), a)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
