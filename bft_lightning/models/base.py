@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.checks import check_dropout, check_number, check_sizes
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.prior import PRIOR_INITS
 
 PRIOR_KINDS = ("table", "mlp")
@@ -66,6 +67,12 @@ class SequentialRecommender(nn.Module):
             the row's first item, as RecBole's per-prefix rows: a prefix's last state
             is the same inside a longer row and alone). On Amazon Beauty the two
             peaked at about the same validation NDCG@10 (``results/perf/notes.md``).
+        filter: the filter options as one typed ``FilterConfig`` (YAML:
+            ``filter: {precision: "on", groups: null, ...}``), instead of the flat
+            ``precision``, ``groups``, ``q_init``, ``nu0``, ``attention_gate``,
+            ``attention_impl``, ``attention_chunk``, ``gain`` and ``key_precision``
+            above (which stay for old configs and checkpoints; give one form or
+            the other). Its ``predict_noise`` is set per layer by the model.
     """
 
     causal: ClassVar[bool] = True
@@ -95,8 +102,16 @@ class SequentialRecommender(nn.Module):
         gain: str = "group",
         key_precision: bool = True,
         positions: str = "from_end",
+        filter: FilterConfig | None = None,
     ) -> None:
         super().__init__()
+        flat = dict(
+            precision=precision, groups=groups, q_init=q_init, nu0=nu0,
+            attention_gate=attention_gate, attention_impl=attention_impl,
+            attention_chunk=attention_chunk, gain=gain, key_precision=key_precision,
+        )  # fmt: skip
+        config = _filter_config(filter, flat)
+        precision, groups = config.precision, config.groups
         _check_options(num_items, max_len, prior, prior_init, head)
         check_sizes(num_items=num_items, max_len=max_len, d_model=d_model, nhead=nhead,
                     num_layers=num_layers, prior_width=prior_width)  # fmt: skip
@@ -117,13 +132,9 @@ class SequentialRecommender(nn.Module):
         with torch.no_grad():
             self.item_emb.weight[0].zero_()
         self.emb_dropout = nn.Dropout(dropout)
-        layer_opts = dict(
-            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-            precision=precision, groups=groups, q_init=q_init, nu0=nu0,
-            attention_gate=attention_gate, attention_impl=attention_impl,
-            attention_chunk=attention_chunk, gain=gain, key_precision=key_precision,
-        )  # fmt: skip
-        self.encoder = self.build_encoder(layer_opts, num_layers)
+        self.nhead, self.dim_feedforward, self.dropout = nhead, dim_feedforward, dropout
+        self.filter = config
+        self.encoder = self.build_encoder(config, num_layers)
         self.final_norm = nn.LayerNorm(d_model)
         self.last_norm_scale: Tensor | None = None  # see normalise_output
         self.prior: PrecisionPrior | MLPPrecisionPrior | None = None
@@ -142,9 +153,16 @@ class SequentialRecommender(nn.Module):
             nn.init.zeros_(self.temperature.bias)
 
     # -- construction -----------------------------------------------------------------
-    def build_encoder(self, layer_opts: dict, num_layers: int) -> nn.Module:
-        """The encoder stack; HSTU overrides this."""
-        return BFTEncoder(BFTEncoderLayer(activation="gelu", **layer_opts), num_layers)
+    def build_encoder(self, config: FilterConfig, num_layers: int) -> nn.Module:
+        """The encoder stack of ``num_layers`` layers run with ``config``; HSTU overrides this.
+
+        The shape comes from the model (``d_model``, ``nhead``, ``dim_feedforward``,
+        ``dropout``)."""
+        layer = BFTEncoderLayer(
+            self.d_model, self.nhead, self.dim_feedforward, self.dropout, activation="gelu",
+            config=config,
+        )  # fmt: skip
+        return BFTEncoder(layer, num_layers)
 
     def _last_layer(self) -> Any:
         return list(self.encoder.layers)[-1]  # type: ignore[union-attr, arg-type]
@@ -313,6 +331,23 @@ class SequentialRecommender(nn.Module):
             times = torch.cat([times[:, -(ids.shape[1] - 1) :], times[:, -1:]], dim=1)
         h, lp = self.encode(ids, times)
         return h[:, -1], None if lp is None else lp[:, -1]
+
+
+def _filter_config(config: FilterConfig | None, flat: dict[str, Any]) -> FilterConfig:
+    """The model's ``FilterConfig``: ``config``, or one built from the flat options
+    (validated there, each error naming its field); both at once is refused."""
+    if config is None:
+        return FilterConfig(**flat)
+    if not isinstance(config, FilterConfig):
+        raise ValueError(f"filter must be a FilterConfig, got {type(config).__name__}")
+    defaults = FilterConfig(precision="off")  # the model's flat defaults
+    given = [k for k, v in flat.items() if v != getattr(defaults, k)]
+    if given:
+        raise ValueError(
+            f"{given[0]}: give the filter options either in filter or flat, not both "
+            f"(flat {', '.join(given)} and filter={config})"
+        )
+    return config
 
 
 def _check_options(num_items: int, max_len: int, prior: str, prior_init: str, head: str) -> None:

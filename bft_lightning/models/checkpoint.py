@@ -22,71 +22,58 @@ import functools
 import hashlib
 import json
 import os
-import re
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-TORCH_FILE = "pytorch_model.bin"
-TORCH_INDEX = "pytorch_model.bin.index.json"
-TOKENIZER_FILE = "tokenizer.json"
-BFT_OPTIONS_FILE = "bft_options.json"
-BFT_WEIGHTS_FILE = "bft.safetensors"
-_OURS = (SAFETENSORS_FILE, SAFETENSORS_INDEX, BFT_OPTIONS_FILE, BFT_WEIGHTS_FILE)
-_TMP_PREFIX = ".bft-tmp-"  # a write's files before they take their names
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+from bft_lightning.models.checkpoint_files import (
+    _OURS,
+    _SHARD,
+    _TMP_PREFIX,
+    BFT_OPTIONS_FILE,
+    BFT_WEIGHTS_FILE,
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX,
+    TOKENIZER_FILE,
+    TORCH_FILE,
+    TORCH_INDEX,
+    CheckpointError,
+    _listing,
+    _read_json,
+    _require_dir,
+    read_config,
+)
+from bft_lightning.models.tokenizer import TextTokenizer, load_tokenizer, segment_tokenizer
 
-
-class CheckpointError(FileNotFoundError):
-    """A checkpoint directory is missing or incomplete."""
-
-
-def _listing(directory: Path) -> str:
-    names = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
-    return ", ".join(names[:20]) + (" ..." if len(names) > 20 else "") or "(empty)"
-
-
-def _require_dir(directory: str | Path) -> Path:
-    path = Path(directory).expanduser()
-    if not path.is_dir():
-        raise CheckpointError(
-            f"checkpoint directory {str(path)!r} does not exist. Point it at a local copy of a "
-            "Llama-format model (config.json + *.safetensors + tokenizer.json); nothing is "
-            "downloaded at run time."
-        )
-    return path
-
-
-def read_config(directory: str | Path) -> dict:
-    """The parsed ``config.json`` of a checkpoint directory."""
-    path = _require_dir(directory)
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        interrupted = any(path.glob(f"{_TMP_PREFIX}*")) or any(path.glob("*.safetensors"))
-        raise CheckpointError(
-            f"{str(path)!r} has no {CONFIG_FILE}; found: {_listing(path)}. A Llama-format "
-            "checkpoint needs config.json, model*.safetensors and tokenizer.json."
-            + (" If an export into it was interrupted, write it again." if interrupted else "")
-        )
-    config = _read_json(file)
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: expected a JSON object, got {type(config).__name__}")
-    return config
-
-
-def _read_json(file: Path) -> object:
-    try:
-        with file.open(encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file}: not valid JSON ({e})") from e
+__all__ = [
+    "BFT_OPTIONS_FILE",
+    "BFT_WEIGHTS_FILE",
+    "CONFIG_FILE",
+    "SAFETENSORS_FILE",
+    "SAFETENSORS_INDEX",
+    "TOKENIZER_FILE",
+    "TORCH_FILE",
+    "TORCH_INDEX",
+    "CheckpointError",
+    "TensorInfo",
+    "TextTokenizer",
+    "check_finite",
+    "llama_fingerprint",
+    "load_tokenizer",
+    "read_bft_state",
+    "read_config",
+    "read_state_dict",
+    "read_weights",
+    "segment_tokenizer",
+    "tensor_headers",
+    "weight_files",
+    "write_checkpoint",
+]
 
 
 def _weight_map(index: Path) -> dict[str, str]:
@@ -391,144 +378,3 @@ def read_bft_state(directory: str | Path) -> tuple[dict | None, dict[str, Tensor
                 )
         check_finite(tensors, file)
     return options, tensors
-
-
-@dataclass
-class TextTokenizer:
-    """A ``tokenizers.Tokenizer`` with the special ids an LM needs.
-
-    ``encode`` never adds special tokens itself: the caller says whether a BOS
-    goes first, so prompts and answers can be encoded apart and joined. Segments
-    are encoded as continuations of the text before them: a sentencepiece-style
-    tokenizer (Llama 2, TinyLlama) marks the start of every input with ``▁``
-    (a ``Prepend`` normalizer, or ``Metaspace`` with ``prepend_scheme="first"``),
-    which separately encoded segments would each carry: ``" Paris"`` became
-    ``▁ ▁Paris`` instead of the ``▁Paris`` the model reads in running text.
-    ``segment_tokenizer`` is the same tokenizer without that start marker;
-    ``save`` writes the original.
-    """
-
-    tokenizer: object
-    bos_id: int | None
-    eos_id: int
-    pad_id: int
-    segment_tokenizer: object | None = None
-
-    @property
-    def _segments(self) -> object:
-        return self.tokenizer if self.segment_tokenizer is None else self.segment_tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
-
-    def _for(self, start: bool) -> object:
-        return self.tokenizer if start else self._segments
-
-    def encode(self, text: str, bos: bool = False, start: bool | None = None) -> list[int]:
-        """Ids of ``text``: a continuation of the text before it, or with ``start``
-        (default: ``bos``) the start of a document, with the tokenizer's own marker."""
-        start = bos if start is None else start
-        ids = self._for(start).encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
-        return ([self.bos_id] if bos and self.bos_id is not None else []) + list(ids)
-
-    def encode_with_offsets(
-        self, text: str, start: bool = False
-    ) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and (start, end) character offsets of each token in ``text``."""
-        enc = self._for(start).encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
-        return list(enc.ids), [tuple(o) for o in enc.offsets]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))  # type: ignore[attr-defined]
-
-    def save(self, path: str | Path) -> None:
-        self.tokenizer.save(str(path))  # type: ignore[attr-defined]
-
-
-def segment_tokenizer(tok: object) -> object | None:
-    """``tok`` without its start-of-input ``▁`` marker (see :class:`TextTokenizer`),
-    or None when it has none (byte-level and our own BPE tokenizers)."""
-    from tokenizers import Tokenizer
-
-    spec = json.loads(tok.to_str())  # type: ignore[attr-defined]
-    changed = False
-
-    def strip(node: dict | None, kind: str) -> dict | None:
-        nonlocal changed
-        if node is None:
-            return None
-        if node.get("type") == "Sequence":
-            key = "normalizers" if kind == "normalizer" else "pretokenizers"
-            parts = [strip(n, kind) for n in node.get(key, [])]
-            node[key] = [n for n in parts if n is not None]
-            return node
-        if kind == "normalizer" and node.get("type") == "Prepend":
-            changed = True
-            return None
-        if kind == "pre_tokenizer" and node.get("type") == "Metaspace":
-            if node.get("prepend_scheme", "always") != "never" or node.get("add_prefix_space"):
-                changed = True
-                node["prepend_scheme"] = "never"
-                node.pop("add_prefix_space", None)
-        return node
-
-    spec["normalizer"] = strip(spec.get("normalizer"), "normalizer")
-    spec["pre_tokenizer"] = strip(spec.get("pre_tokenizer"), "pre_tokenizer")
-    return Tokenizer.from_str(json.dumps(spec)) if changed else None
-
-
-def _token_id(tok: object, names: Iterable[str]) -> int | None:
-    for name in names:
-        i = tok.token_to_id(name)  # type: ignore[attr-defined]
-        if i is not None:
-            return int(i)
-    return None
-
-
-def load_tokenizer(path: str | Path, config: dict | None = None) -> TextTokenizer:
-    """Load ``tokenizer.json`` (a file, or a checkpoint directory holding one).
-
-    Special ids come from ``config`` (``bos_token_id``, ``eos_token_id``,
-    ``pad_token_id``) when given, else from the usual token strings
-    (``<s>``, ``</s>``, ``<pad>``, ``<|endoftext|>``). Without a pad token the
-    pad id is the EOS id (padding is masked anyway).
-    """
-    from tokenizers import Tokenizer
-
-    file = Path(path).expanduser()
-    if file.is_dir():
-        if config is None and (file / CONFIG_FILE).is_file():
-            config = read_config(file)
-        directory, file = file, file / TOKENIZER_FILE
-        if not file.is_file():
-            raise CheckpointError(
-                f"{str(directory)!r} has no {TOKENIZER_FILE}; found: {_listing(directory)}. "
-                "Only the fast-tokenizer file is read (a sentencepiece tokenizer.model can be "
-                "converted once, offline, with transformers' AutoTokenizer(...).save_pretrained)."
-            )
-    elif not file.is_file():
-        raise CheckpointError(f"tokenizer file {str(file)!r} does not exist")
-    try:
-        tok = Tokenizer.from_file(str(file))
-    except Exception as e:  # tokenizers raises a bare Exception, unlocated
-        raise ValueError(f"{file}: not a readable tokenizer.json ({e})") from e
-    config = config or {}
-    bos = config.get("bos_token_id")
-    eos = config.get("eos_token_id")
-    pad = config.get("pad_token_id")
-    if isinstance(eos, list):
-        eos = eos[0]
-    bos = bos if bos is not None else _token_id(tok, ("<s>", "<|begin_of_text|>", "<bos>"))
-    eos = eos if eos is not None else _token_id(tok, ("</s>", "<|endoftext|>", "<eos>"))
-    if eos is None:
-        raise ValueError(f"{str(file)!r}: no EOS token found; set eos_token_id in config.json")
-    pad = pad if pad is not None else _token_id(tok, ("<pad>", "[PAD]"))
-    pad = int(pad if pad is not None else eos)
-    size = tok.get_vocab_size()
-    for name, value in (("bos_token_id", bos), ("eos_token_id", eos), ("pad_token_id", pad)):
-        if value is not None and (not isinstance(value, int) or not 0 <= value < size):
-            raise ValueError(
-                f"{file}: {name}={value!r} (config.json) is not one of the tokenizer's {size} ids"
-            )
-    return TextTokenizer(tok, bos, int(eos), pad, segment_tokenizer(tok))

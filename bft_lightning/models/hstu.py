@@ -17,6 +17,7 @@ import math
 from torch import Tensor, nn
 
 from bft_lightning.models.base import SequentialRecommender
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer
 
 
@@ -47,20 +48,12 @@ class HSTU(SequentialRecommender):
         self.num_buckets = num_buckets
         super().__init__(num_items, max_len, **kwargs)
 
-    def build_encoder(self, layer_opts: dict, num_layers: int) -> nn.Module:
-        opts = dict(layer_opts)
-        opts.pop("dim_feedforward", None)
-        opts.pop("attention_impl", None)  # HSTU has its own pointwise attention
-        opts.pop("attention_chunk", None)
-        if opts.pop("gain", "group") != "group":
-            raise ValueError("HSTU takes gain='group' only (gain='head': SASRec, BERT4Rec)")
-        if not opts.pop("key_precision", True):
-            raise ValueError("HSTU takes key_precision=True only (the ablation: SASRec, BERT4Rec)")
-        if opts.pop("attention_gate", None) is not None:
-            raise ValueError("HSTU takes no attention_gate: its U projection is the gate")
+    def build_encoder(self, config: FilterConfig, num_layers: int) -> nn.Module:
+        """HSTU layers (no FFN; their own pointwise attention, so ``attention_impl``
+        and ``attention_chunk`` do not apply)."""
         layer = HSTULayer(
-            max_len=self.max_len, linear_dim=self.linear_dim, attention_dim=self.attention_dim,
-            num_buckets=self.num_buckets, **opts,
+            self.d_model, self.nhead, self.max_len, self.linear_dim, self.attention_dim,
+            self.dropout, num_buckets=self.num_buckets, config=config,
         )  # fmt: skip
         return HSTUEncoder(layer, num_layers)
 

@@ -22,10 +22,8 @@ Precision (``precision="on"``):
 
 from __future__ import annotations
 
-import math
-import re
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import cast
 
@@ -34,285 +32,34 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bft_lightning.models import checkpoint as ckpt
+from bft_lightning.models.bft_options import BFTOptions
+from bft_lightning.models.calibration import CalibrationReport, calibrate_precision
+from bft_lightning.models.llama_config import (
+    GATE_BIAS_PRETRAINED,
+    LlamaConfig,
+    check_llama_tensors,
+    is_bft_key,
+    llama_tensor_shapes,
+)
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
-from bft_lightning.nn.checks import (
-    check_choice,
-    check_filter_options,
-    check_int,
-    check_number,
-    check_sizes,
-)
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer, LayerCache, RMSNorm
+
+__all__ = [
+    "GATE_BIAS_PRETRAINED",
+    "BFTOptions",
+    "CalibrationReport",
+    "CausalLMOutput",
+    "KVCache",
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "LlamaModel",
+    "calibrate_precision",
+    "check_llama_tensors",
+    "is_bft_key",
+    "llama_tensor_shapes",
+]
 from bft_lightning.nn.prior import PrecisionPrior
-from bft_lightning.nn.stats import FilterStats, find_filter_layers
-
-GATE_BIAS_PRETRAINED = 4.0  # sigmoid(4) = 0.982: a new gate on a loaded model starts near open
-# the state-dict entries that a Llama checkpoint lacks: the BFT filter state and the gate
-_BFT_KEYS = (".rho", ".sill", "model.prior.", ".attn_gate.")
-
-
-def is_bft_key(name: str) -> bool:
-    """Whether a state-dict entry belongs to BFT (prior, ``rho``, sill, gate), not to Llama."""
-    return any(s in name for s in _BFT_KEYS)
-
-
-def llama_tensor_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every Llama tensor (no BFT ones) that ``cfg`` implies, by state-dict
-    name, computed from the sizes alone (nothing is built); no ``lm_head`` when tied."""
-    d, f, hd = cfg.hidden_size, cfg.intermediate_size, int(cfg.head_dim or 0)
-    q, kv = cfg.num_attention_heads * hd, int(cfg.num_key_value_heads or 0) * hd
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, d)}
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (d,)
-        for name, rows in (("q", q), ("k", kv), ("v", kv)):
-            out[f"{p}self_attn.{name}_proj.weight"] = (rows, d)
-            if cfg.attention_bias:
-                out[f"{p}self_attn.{name}_proj.bias"] = (rows,)
-        out[p + "self_attn.o_proj.weight"] = (d, q)
-        if cfg.attention_bias:
-            out[p + "self_attn.o_proj.bias"] = (d,)
-        out[p + "post_attention_layernorm.weight"] = (d,)
-        for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
-            out[f"{p}mlp.{name}_proj.weight"] = shape
-            if cfg.mlp_bias:
-                out[f"{p}mlp.{name}_proj.bias"] = shape[:1]
-    out["model.norm.weight"] = (d,)
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (cfg.vocab_size, d)
-    return out
-
-
-def check_llama_tensors(
-    cfg: LlamaConfig, stored: dict[str, ckpt.TensorInfo], config_file: Path
-) -> None:
-    """Check a checkpoint's stored tensors against the sizes of its ``config.json``.
-
-    Reads shapes and dtypes only, so it runs before anything is allocated: the
-    layer count first (``num_hidden_layers`` named), then every expected tensor
-    present and no other (their names), each of the shape the config implies
-    (the mismatching field named, with its value) and of a floating dtype.
-    """
-    stored = {k: v for k, v in stored.items() if not k.endswith("rotary_emb.inv_freq")}
-    if cfg.tie_word_embeddings:
-        stored = {k: v for k, v in stored.items() if k != "lm_head.weight"}
-    folder = config_file.parent
-    layer = re.compile(r"model\.layers\.(\d+)\.")
-    stored_layers = {int(m.group(1)) for k in stored if (m := layer.match(k))}
-    if len(stored_layers) != cfg.num_hidden_layers:
-        raise ValueError(
-            f"{config_file}: num_hidden_layers={cfg.num_hidden_layers} does not match the "
-            f"weights in {folder}, which hold {len(stored_layers)} layers"
-        )
-    own = llama_tensor_shapes(cfg)
-    missing = [k for k in own if k not in stored]
-    unexpected = sorted(k for k in stored if k not in own)
-    if missing or unexpected:
-        raise ValueError(
-            f"{folder}: the weights do not match {config_file.name}: missing tensors "
-            f"{missing[:6]}{' ...' if len(missing) > 6 else ''}, unexpected "
-            f"{unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}"
-        )
-    for name, shape in own.items():
-        info = stored[name]
-        if info.shape != shape:
-            dims = _shape_fields(name, cfg)
-            i = next((j for j, (a, b) in enumerate(zip(shape, info.shape)) if a != b), len(dims))
-            field_ = dims[i] if i < len(dims) else "the sizes"
-            raise ValueError(
-                f"{config_file}: {field_} does not match tensor {name} of shape "
-                f"{info.shape} in {info.file.name} (the config implies {shape}); "
-                "nothing was allocated"
-            )
-        if not info.is_float:
-            raise ValueError(
-                f"{info.file}: tensor {name} has dtype {info.dtype}; Llama weights must "
-                "be floating point"
-            )
-
-
-def _shape_fields(name: str, cfg: LlamaConfig) -> tuple[str, ...]:
-    """The ``config.json`` fields that set each dimension of a Llama tensor, with values."""
-    d = f"hidden_size={cfg.hidden_size}"
-    q = f"num_attention_heads x head_dim={cfg.num_attention_heads} x {cfg.head_dim}"
-    kv = f"num_key_value_heads x head_dim={cfg.num_key_value_heads} x {cfg.head_dim}"
-    f = f"intermediate_size={cfg.intermediate_size}"
-    table = {
-        "embed_tokens.weight": (f"vocab_size={cfg.vocab_size}", d),
-        "lm_head.weight": (f"vocab_size={cfg.vocab_size}", d),
-        "q_proj.weight": (q, d), "q_proj.bias": (q,),
-        "k_proj.weight": (kv, d), "k_proj.bias": (kv,),
-        "v_proj.weight": (kv, d), "v_proj.bias": (kv,),
-        "o_proj.weight": (d, q), "o_proj.bias": (d,),
-        "gate_proj.weight": (f, d), "up_proj.weight": (f, d), "down_proj.weight": (d, f),
-        "gate_proj.bias": (f,), "up_proj.bias": (f,), "down_proj.bias": (d,),
-    }  # fmt: skip
-    for suffix, dims in table.items():
-        if name.endswith(suffix):
-            return dims
-    return (d,)  # the norms
-
-
-@dataclass
-class LlamaConfig:
-    """The architecture, with the field names of a Llama ``config.json``.
-
-    Args:
-        vocab_size: vocabulary size.
-        hidden_size: width ``d``.
-        intermediate_size: SwiGLU width ``F``.
-        num_hidden_layers: decoder layers.
-        num_attention_heads: query heads ``H``.
-        num_key_value_heads: key/value heads (GQA); None means ``H``.
-        head_dim: per-head width; None means ``d / H``.
-        max_position_embeddings: the longest context the model was trained for.
-        rms_norm_eps: RMSNorm epsilon.
-        rope_theta: RoPE base (only the default RoPE, no scaling, is supported).
-        attention_bias: biases on q/k/v/o.
-        mlp_bias: biases on the SwiGLU projections.
-        tie_word_embeddings: the LM head shares the embedding matrix.
-        initializer_range: std of the normal init of a model built from scratch.
-        bos_token_id: BOS id, or None.
-        eos_token_id: EOS id, or None.
-        pad_token_id: pad id, or None.
-    """
-
-    vocab_size: int = 32000
-    hidden_size: int = 2048
-    intermediate_size: int = 5632
-    num_hidden_layers: int = 22
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = 4
-    head_dim: int | None = None
-    max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    tie_word_embeddings: bool = False
-    initializer_range: float = 0.02
-    bos_token_id: int | None = 1
-    eos_token_id: int | None = 2
-    pad_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        check_sizes(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            max_position_embeddings=self.max_position_embeddings,
-        )  # fmt: skip
-        check_int("num_key_value_heads", self.num_key_value_heads, optional=True)
-        check_int("head_dim", self.head_dim, optional=True)
-        check_number("rms_norm_eps", self.rms_norm_eps, 0.0, low_open=True)
-        check_number("rope_theta", self.rope_theta, 0.0, low_open=True)
-        check_number("initializer_range", self.initializer_range, 0.0)
-        for name in ("bos_token_id", "eos_token_id"):  # pad: some configs write -1
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or not 0 <= value < self.vocab_size):  # fmt: skip
-                raise ValueError(
-                    f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), "
-                    f"got {value!r}"
-                )
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ValueError(
-                    f"num_attention_heads must divide hidden_size={self.hidden_size}, "
-                    f"got num_attention_heads={self.num_attention_heads}"
-                )
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
-
-    @classmethod
-    def from_hf(cls, config: dict) -> LlamaConfig:
-        """From a Llama ``config.json`` dict (transformers 4.x or 5.x layout)."""
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"only SwiGLU (hidden_act='silu') is supported, got {act!r}")
-        # transformers 5 writes rope_parameters, 4.x rope_scaling; either may carry a type
-        for key in ("rope_parameters", "rope_scaling"):
-            part = config.get(key) or {}
-            rope_type = part.get("rope_type") or part.get("type") or "default"
-            if rope_type != "default":
-                raise NotImplementedError(
-                    f"RoPE type {rope_type!r} ({key}) is not supported (only the default RoPE)"
-                )
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in config.items() if k in known}
-        if isinstance(kwargs.get("eos_token_id"), list):
-            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
-        theta = rope.get("rope_theta", config.get("rope_theta"))
-        if theta is not None:
-            kwargs["rope_theta"] = float(theta)
-        return cls(**kwargs)
-
-    def to_hf(self) -> dict:
-        """A ``config.json`` dict that ``transformers.LlamaConfig`` reads."""
-        out = asdict(self)
-        out.update(
-            model_type="llama",
-            architectures=["LlamaForCausalLM"],
-            hidden_act="silu",
-            rope_scaling=None,
-            attention_dropout=0.0,
-            pretraining_tp=1,
-            use_cache=True,
-        )
-        return out
-
-
-@dataclass
-class BFTOptions:
-    """How the decoder layers run as Bayesian filters.
-
-    Args:
-        precision: ``"off"`` (the plain Llama) or ``"on"`` (BFT).
-        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
-        groups: precision groups ``G``; None means the number of query heads.
-        q_init: initial process noise ``Q0`` (from scratch; calibration overrides).
-        nu0: REML prior degrees of freedom.
-        sill_momentum: momentum of the running sill.
-        prior_width: width of the per-token prior ``tau``: 1 or ``G``.
-        prior_scale: ``c``; None means ``1 / mean Var(h0)`` of the embedding.
-        dropout: dropout on attention weights and residual branches.
-        attention_impl: ``"chunked"`` (default: PyTorch's fused attention in off
-            mode, query blocks with no (T x T) weights kept in on mode),
-            ``"sdpa"`` (fused in off mode, materialised weights in on mode) or
-            ``"reference"`` (materialised weights in both).
-        attention_chunk: query block size of the chunked path.
-    """
-
-    precision: str = "off"
-    attention_gate: str | None = None
-    groups: int | None = None
-    q_init: float = 0.01
-    nu0: float = 1.0
-    sill_momentum: float = 0.01
-    prior_width: int = 1
-    prior_scale: float | None = None
-    dropout: float = 0.0
-    attention_impl: str = "chunked"
-    attention_chunk: int = 256
-
-    def __post_init__(self) -> None:
-        check_choice("precision", self.precision, ("off", "on"))
-        check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
-        check_choice("attention_impl", self.attention_impl, ("chunked", "sdpa", "reference"))
-        check_int("groups", self.groups, optional=True)
-        check_sizes(prior_width=self.prior_width, attention_chunk=self.attention_chunk)
-        check_number("prior_scale", self.prior_scale, 0.0, low_open=True, optional=True)
-        check_filter_options(self.dropout, self.q_init, self.nu0, self.sill_momentum, 1.0)
 
 
 @dataclass
@@ -356,15 +103,7 @@ class LlamaModel(nn.Module):
                 attention_bias=config.attention_bias,
                 mlp_bias=config.mlp_bias,
                 dropout=bft.dropout,
-                precision=bft.precision,
-                groups=bft.groups,
-                q_init=bft.q_init,
-                nu0=bft.nu0,
-                sill_momentum=bft.sill_momentum,
-                attention_gate=bft.attention_gate,
-                attention_impl=bft.attention_impl,
-                attention_chunk=bft.attention_chunk,
-                predict_noise=i < n - 1,
+                config=bft.filter_config(predict_noise=i < n - 1),
             )
             for i in range(n)
         )
@@ -708,110 +447,3 @@ class LlamaForCausalLM(nn.Module):
             bft_options=asdict(self.bft),
             bft_state={k: v for k, v in state.items() if is_bft_key(k)},
         )
-
-
-def _inverse_softplus(q: Tensor) -> Tensor:
-    q = q.clamp_min(1e-12)
-    return torch.where(q > 20, q, torch.log(torch.expm1(q)))
-
-
-@dataclass
-class CalibrationReport:
-    """Median gain per layer (one row per layer, one value per group) after calibration."""
-
-    median_gain: list[list[float]] = field(default_factory=list)
-    log_c: list[float] = field(default_factory=list)
-    q: list[list[float]] = field(default_factory=list)
-
-
-@torch.no_grad()
-def calibrate_precision(
-    model: LlamaForCausalLM,
-    input_ids: Tensor,
-    attention_mask: Tensor | None = None,
-    target_gain: float = 0.9,
-    iterations: int = 3,
-) -> CalibrationReport:
-    """Set the prior, ``Q`` and the sill so BFT starts near the pretrained model.
-
-    A pretrained model is the case ``K = 1`` with softmax attention. The rule,
-    with ``r = target_gain / (1 - target_gain)`` (the odds ``lambda_obs / lambda``
-    that give ``K = target_gain``), on one batch of real inputs:
-
-    - sill ``s0^2``: each layer's value variance on the batch (not 1);
-    - layer 0: ``log tau_i = log c - 2 log rms(e_i)``, uniform in RMSNorm
-      units, so layer-0 attention stays exactly softmax; ``log c`` per group
-      is ``median_t(log lambda_obs_t + 2 log rms(e_{id_t})) - log r``;
-    - layer ``l >= 1``: ``1 / lambda_l = (1 + Jbar)^2 / lambda'_{l-1} + Q_{l-1}``,
-      so ``Q_{l-1} = median_t(r / lambda_obs_{l,t} - (1 + Jbar_t)^2 / lambda'_{l-1,t})``
-      (floored at ``1e-6 r / median lambda_obs``): the median token of every
-      layer has ``K ~ target_gain``.
-
-    Each layer's attention depends on the precision it receives, so the rule
-    is applied ``iterations`` times. ``Q`` comes out large (``~ r / lambda_obs``),
-    which makes ``lambda`` nearly uniform: the deliberate opposite of the
-    from-scratch ``Q0 = 0.01``, whose accumulated precision would drive ``K``
-    towards ``1 / (l + 1)`` in layer ``l`` and change a pretrained model's
-    function. What remains different from softmax is the key bias
-    ``2 log rms(h_j)`` of layers ``>= 1`` (a high-norm sink token gets more
-    weight); training moves ``tau`` and ``Q`` from there.
-    """
-    body = model.model
-    if body.prior is None:
-        raise ValueError("calibrate_precision needs precision='on'")
-    if not 0.0 < target_gain < 1.0:
-        raise ValueError(f"target_gain must be in (0, 1), got {target_gain}")
-    layers = body.decoder_layers
-    log_r = math.log(target_gain / (1.0 - target_gain))
-    training = model.training
-    saved = [(layer.record, layer.record_attention) for _, layer in find_filter_layers(model)]
-    model.eval()
-    emb = body.embed_tokens.weight
-    log_rms2 = 2.0 * torch.log(BF.norm_sigma(emb[None], model.config.rms_norm_eps, True))[0]
-    prior_w = body.prior.log_tau.weight
-    for layer in layers:
-        layer.record, layer.record_attention = True, False
-    report = CalibrationReport()
-    try:
-        for _ in range(iterations):
-            for layer in layers:
-                layer.calibrate_sill = True
-            model(input_ids, attention_mask)  # sets each layer's sill from this batch ...
-            for layer in layers:
-                layer.calibrate_sill = False
-                layer.flush_sill()
-            # ... which the statistics fitted below must use: a second forward (the
-            # first one's statistics were made with the previous sill, 1 at the start)
-            model(input_ids, attention_mask)
-            stats: list[FilterStats] = [layer.last_stats for layer in layers]  # type: ignore[misc]
-            s0 = stats[0]
-            x = s0.log_prec_obs[s0.valid] + log_rms2[input_ids[s0.valid]].unsqueeze(1)  # (N, G)
-            log_c = x.median(dim=0).values - log_r  # (G,)
-            if prior_w.shape[1] == 1:
-                log_c = x.median().reshape(1) - log_r
-            report.log_c = log_c.tolist()
-            prior_w.copy_((log_c.unsqueeze(0) - log_rms2.unsqueeze(1)).to(prior_w.dtype))
-            for i in range(1, len(layers)):
-                s, prev = stats[i], stats[i - 1]
-                var_obs = torch.exp(-s.log_prec_obs[s.valid])  # (N, G)
-                carried = (1.0 + prev.jbar[prev.valid]).square() * torch.exp(
-                    -prev.log_prec_post[prev.valid]
-                )
-                need = (var_obs * math.exp(log_r) - carried).median(dim=0).values
-                floor = 1e-6 * math.exp(log_r) * var_obs.median(dim=0).values
-                rho = layers[i - 1].rho
-                assert rho is not None
-                rho.copy_(_inverse_softplus(torch.maximum(need, floor)).to(rho.dtype))
-        model(input_ids, attention_mask)
-        for layer in layers:
-            st = layer.last_stats
-            assert st is not None
-            report.median_gain.append(st.gain[st.valid].median(dim=0).values.tolist())
-            report.q.append(st.q.tolist())
-    finally:
-        for (_, recorder), (rec, rec_attn) in zip(find_filter_layers(model), saved):
-            recorder.record, recorder.record_attention = rec, rec_attn
-            if not rec:
-                recorder.last_stats = None
-        model.train(training)
-    return report

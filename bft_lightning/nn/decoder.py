@@ -26,9 +26,7 @@ what a full forward computes (the sill is frozen in eval).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +34,25 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
-from bft_lightning.nn.attention import KrigingStats, attend, build_allowed
-from bft_lightning.nn.checks import check_dropout, check_filter_options, check_heads, check_sizes
+from bft_lightning.nn.attention import build_allowed
+from bft_lightning.nn.checks import (
+    check_choice,
+    check_dropout,
+    check_filter_options,
+    check_heads,
+    check_sizes,
+)
+from bft_lightning.nn.filter import (
+    FilterConfig,
+    FilterLayer,
+    Observation,
+    check_groups,
+    default_log_precision,
+)
+from bft_lightning.nn.kernels import KERNELS, KrigingStats, attend
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
-ATTENTION_IMPLS = ("reference", "sdpa", "chunked")
 
 
 @dataclass
@@ -124,8 +135,7 @@ class LlamaAttention(nn.Module):
         check_dropout("dropout", dropout)
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
-        if impl not in ATTENTION_IMPLS:
-            raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+        check_choice("attention_impl", impl, tuple(KERNELS))
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.dropout, self.impl, self.chunk_size = dropout, impl, chunk_size
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
@@ -173,7 +183,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out), weights if need_weights else None, stats, gate, (k, v)
 
 
-class BFTLlamaDecoderLayer(nn.Module):
+class BFTLlamaDecoderLayer(FilterLayer):
     """A Llama decoder layer (pre-RMSNorm, RoPE, GQA, SwiGLU, causal) run as a Bayesian filter.
 
     Args:
@@ -201,9 +211,9 @@ class BFTLlamaDecoderLayer(nn.Module):
         attention_chunk: query block size of the chunked path.
         predict_noise: False skips ``Q`` and has no ``rho`` (the last layer of
             an LM, whose ``lambda''`` feeds nothing).
+        backward: ``"custom"`` or ``"autograd"`` (see ``FilterConfig``).
+        config: a ``FilterConfig`` instead of the flat filter options.
     """
-
-    sill: Tensor
 
     def __init__(
         self,
@@ -225,68 +235,47 @@ class BFTLlamaDecoderLayer(nn.Module):
         attention_impl: str = "chunked",
         attention_chunk: int = 256,
         predict_noise: bool = True,
+        backward: str = "custom",
+        *,
+        config: FilterConfig | None = None,
     ) -> None:
         super().__init__()
-        if precision not in PRECISION_MODES:
-            raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
+        if config is None:
+            check_choice("precision", precision, PRECISION_MODES)
         check_sizes(d_model=d_model, n_heads=n_heads, d_ff=d_ff)
         if head_dim is None:
             check_heads(d_model, n_heads, name="n_heads")
         check_filter_options(dropout, q_init, nu0, sill_momentum, rms_norm_eps, "rms_norm_eps")
+        if config is None:
+            check_groups(d_model, n_heads, groups)  # names d_model in the error
+            config = FilterConfig(
+                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
+                sill_momentum=sill_momentum, predict_noise=predict_noise,
+                attention_gate=attention_gate, attention_impl=attention_impl,  # type: ignore[arg-type]
+                attention_chunk=attention_chunk, backward=backward,  # type: ignore[arg-type]
+            )  # fmt: skip
+        if config.gain != "group" or not config.key_precision:
+            raise ValueError("BFTLlamaDecoderLayer takes gain='group' and key_precision=True only")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         head_dim = d_model // n_heads if head_dim is None else head_dim
-        g = n_heads if groups is None else groups
-        if not isinstance(g, int) or isinstance(g, bool) or g <= 0 or d_model % g:
-            raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.precision, self.groups = precision, g
-        self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
-        self.q_init = q_init
+        groups_ = check_groups(d_model, n_heads, config.groups)
+        self.init_filter(config, n_heads, groups_, rho=config.predict_noise)
         self.input_layernorm = RMSNorm(d_model, rms_norm_eps)
         self.self_attn = LlamaAttention(
-            d_model, n_heads, n_kv_heads, head_dim, attention_bias, dropout, attention_gate,
-            attention_impl, attention_chunk,
+            d_model, n_heads, n_kv_heads, head_dim, attention_bias, dropout,
+            config.attention_gate, config.attention_impl, config.attention_chunk,
         )  # fmt: skip
         self.post_attention_layernorm = RMSNorm(d_model, rms_norm_eps)
         self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-        self.rho: nn.Parameter | None = None
-        if precision == "on":
-            if predict_noise:
-                self.rho = nn.Parameter(torch.full((g,), BF.inverse_process_noise(q_init)))
-            self.register_buffer("sill", torch.ones(n_heads))
-        self.calibrate_sill = False  # set by calibration: replace the sill by this batch's
-        self._pending_sill: Tensor | None = None
-        self.record = False
-        self.record_attention = False
-        self.last_stats: FilterStats | None = None
 
     def extra_repr(self) -> str:
         return (
             f"precision={self.precision}, groups={self.groups}, "
             f"kv_heads={self.n_kv_heads}, predict_noise={self.predict_noise}"
         )
-
-    @torch.no_grad()
-    def reset_filter_state(self) -> None:
-        """``rho`` back to ``Q0 = q_init`` and the sill back to 1."""
-        if self.rho is not None:
-            self.rho.fill_(BF.inverse_process_noise(self.q_init))
-        if self.precision == "on":
-            self.sill.fill_(1.0)
-        self._pending_sill = None
-
-    def process_noise(self) -> Tensor:
-        """``Q`` (G,): ``softplus(rho)``, or zeros for a layer without process noise."""
-        if self.rho is None:
-            return torch.zeros(self.groups, device=self.input_layernorm.weight.device)
-        return BF.process_noise(self.rho)
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
-        super()._apply(fn, recurse)
-        BF.keep_float32_(self)  # the running sill and rho stay float32
-        return self
 
     def forward(
         self,
@@ -305,15 +294,23 @@ class BFTLlamaDecoderLayer(nn.Module):
         """
         if log_prec is not None:
             valid = valid & (log_prec > float("-inf")).any(dim=-1)
-        valid_keys = valid if past is None else torch.cat((past.valid, valid), dim=1)
+        valid_keys = valid if past is None else torch.cat((past.valid, valid), dim=1)  # (B, Tk)
         if past is None:
             allowed = build_allowed(valid, is_causal=True)
         else:
-            allowed = FL.causal_allowed(valid_keys, h.shape[1])
+            allowed = FL.causal_allowed(valid_keys, h.shape[1])  # (B, 1, T, Tk)
         if self.precision == "off":
             h, cache = self._forward_off(h, rope, valid, valid_keys, allowed, past)
             return h, log_prec, cache
-        return self._forward_on(h, log_prec, rope, valid, valid_keys, allowed, past)
+        caches: list[LayerCache] = []
+        norm1 = self.input_layernorm
+        h, lp = self.filter_step(
+            h, log_prec, valid,
+            observe=lambda lp: self._observe(h, lp, rope, valid_keys, allowed, past, caches),
+            dynamics=self._dynamics,
+            default=lambda x: default_log_precision(x, self.groups, norm1.eps, rms=True),
+        )  # fmt: skip
+        return h, lp, caches[0]
 
     def _forward_off(
         self,
@@ -335,23 +332,23 @@ class BFTLlamaDecoderLayer(nn.Module):
             self.last_stats = FilterStats.plain(valid, self.groups, weights, gate, self.n_heads)
         return h, LayerCache(k, v, valid_keys)
 
-    def _forward_on(
+    def _observe(
         self,
         h: Tensor,
-        log_prec: Tensor | None,
+        lp: Tensor,
         rope: tuple[Tensor, Tensor],
-        valid: Tensor,
         valid_keys: Tensor,
         allowed: Tensor,
         past: LayerCache | None,
-    ) -> tuple[Tensor, Tensor, LayerCache]:
-        norm1, norm2, attn = self.input_layernorm, self.post_attention_layernorm, self.self_attn
-        if log_prec is None:
-            log_prec = FL.rms_log_precision(h, norm1.eps, self.groups)
-        lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
-        # observe: kriging with each key's value precision as a logit bias
-        p_v = BF.delta_rule_matrix(attn.v_proj.weight, self.n_kv_heads, self.groups, norm1.weight)
-        bias = BF.neighbour_log_precision(lp, norm1.sigma(h), p_v)  # (B, Hkv, T)
+        caches: list[LayerCache],
+    ) -> Observation:
+        """Kriging attention with each key's value precision (per KV head) as a logit bias."""
+        norm1, attn = self.input_layernorm, self.self_attn
+        with torch.autocast(h.device.type, enabled=False):
+            sigma1 = norm1.sigma(h)  # (B, T)
+        bias = self.key_log_precision(
+            lp, sigma1, attn.v_proj.weight, self.n_kv_heads, norm1.weight
+        )  # (B, Hkv, T) fmt: skip
         if past is not None and past.bias is not None:
             bias = torch.cat((past.bias, bias), dim=2)  # (B, Hkv, Tk)
         z, weights, stats, gate, (k, v) = attn(
@@ -359,56 +356,24 @@ class BFTLlamaDecoderLayer(nn.Module):
             need_weights=self.record and self.record_attention,
         )  # fmt: skip
         assert stats is not None
-        p_o = BF.delta_rule_matrix(attn.o_proj.weight, self.groups, self.n_heads)
-        lp_obs, n_eff, has_key = FL.observation(stats, self.sill, self.nu0, p_o, gate, self.n_heads)
-        # update: the residual as a Kalman update
-        gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
-        h = h + BF.scale_groups(self.dropout1(z), gain)
-        lp_post = BF.update_log_precision(lp, lp_obs, has_key)
-        # predict: SwiGLU dynamics plus process noise
-        f, a, b = self.mlp(norm2(h))
-        m1, m3 = FL.swiglu_jacobian_matrices(
-            self.mlp.gate_proj.weight, self.mlp.up_proj.weight, self.mlp.down_proj.weight,
-            norm2.weight, self.groups,
-        )  # fmt: skip
-        jbar = FL.swiglu_pooled_jacobian(a, b, m1, m3, norm2.sigma(h))
-        h = h + self.dropout2(f)
-        q = self.process_noise()
-        lp_out = BF.predict_log_precision(lp_post, jbar, q)
-        if self.training or self.calibrate_sill:
-            self._update_sill(stats.values[:, :, -h.shape[1] :], valid)
-        if self.record:
-            self.last_stats = FilterStats.detached(
-                valid=valid, log_prec=BF.with_padding(lp, valid),
-                log_prec_obs=lp_obs, gain=gain, n_eff=n_eff.transpose(1, 2),
-                log_prec_post=BF.with_padding(lp_post, valid), jbar=jbar,
-                log_prec_out=BF.with_padding(lp_out, valid), q=q,
-                attention=weights, gate=gate,
+        caches.append(LayerCache(k, v, valid_keys, bias))
+        # the sill reads the new positions' values only (not the cache)
+        new = KrigingStats(stats.second_moment, stats.estimate, stats.sum_p_sq,
+                           stats.values[:, :, -h.shape[1] :])  # fmt: skip
+        obs = self.kriging_observation(
+            new, self.dropout1(z), attn.o_proj.weight, self.n_heads, gate
+        )
+        obs.weights = weights
+        return obs
+
+    def _dynamics(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """SwiGLU's output (dropout applied) and its pooled Jacobian ``Jbar`` (B, T, G)."""
+        norm2, mlp = self.post_attention_layernorm, self.mlp
+        f, a, b = mlp(norm2(h))
+        with torch.autocast(h.device.type, enabled=False):
+            m1, m3 = FL.swiglu_jacobian_matrices(
+                mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+                norm2.weight, self.groups,
             )  # fmt: skip
-        cache = LayerCache(k, v, valid_keys, bias)
-        return h, BF.with_padding(lp_out, valid), cache
-
-    @torch.no_grad()
-    def _update_sill(self, values: Tensor, valid: Tensor) -> None:
-        """Running per-head value variance (like BatchNorm); calibration replaces it.
-
-        The new value waits in ``_pending_sill`` until :meth:`flush_sill` (the
-        model calls it at the start of each forward), so that a layer
-        recomputed for gradient checkpointing sees the sill its forward saw.
-        The recompute itself skips the update (the pending value is already
-        this batch's): under DDP it would otherwise run one more all-reduce per
-        layer inside the backward.
-        """
-        if self._pending_sill is not None:
-            return
-        momentum = 1.0 if self.calibrate_sill else self.sill_momentum
-        new = self.sill.clone()
-        BF.update_running_sill_(new, values, valid, momentum)
-        self._pending_sill = new
-
-    @torch.no_grad()
-    def flush_sill(self) -> None:
-        """Apply a pending running-sill update to the ``sill`` buffer."""
-        if self._pending_sill is not None:
-            self.sill.copy_(self._pending_sill)
-            self._pending_sill = None
+            jbar = FL.swiglu_pooled_jacobian(a, b, m1, m3, norm2.sigma(h), self.backward)
+        return self.dropout2(f), jbar

@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from bft_lightning.nn import functional as BF
-from bft_lightning.nn.attention import KrigingStats
+from bft_lightning.nn import jacobian as J
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -64,46 +64,6 @@ def causal_allowed(valid_keys: Tensor, q_len: int) -> Tensor:
     return (valid_keys[:, None, None, :] & causal).expand(b, 1, q_len, tk)
 
 
-def rms_log_precision(h: Tensor, eps: float, groups: int) -> Tensor:
-    """Precision uniform in RMSNorm units, ``lambda_t = 1 / sigma_t^2`` (B, T, G).
-
-    By the delta rule this gives plain softmax attention (the bias is a
-    constant per head), the RMSNorm analogue of ``layers.default_log_precision``.
-    """
-    log_sigma2 = 2.0 * torch.log(BF.norm_sigma(h, eps, rms=True))
-    return (-log_sigma2).unsqueeze(-1).expand(*h.shape[:2], groups)
-
-
-def observation(
-    stats: KrigingStats,
-    sill: Tensor,
-    nu0: float,
-    p_o: Tensor,
-    gate: Tensor | None,
-    heads: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """REML observation precision per residual group (``docs/spec.md``, Observe).
-
-    ``sigma2 = (nu0 s0^2 + n_eff S) / (nu0 + n_eff - 1)``, times the mean
-    squared gate of the head when there is a sigmoid output gate (the gate
-    scales the head's output, so its variance by ``gate^2``); then
-    ``lambda_obs = n_eff / sigma2`` to the residual groups through ``P_O``.
-
-    stats: from ``reference_attention`` over the query heads; sill: (H,);
-    p_o: (G, H); gate: (B, T, H * d_h) or None.
-    Returns ``log lambda_obs`` (B, T, G), ``n_eff`` (B, H, T), ``has_key`` (B, T).
-    """
-    has_key = (stats.sum_p_sq > 0).any(dim=1)  # (B, T)
-    n_eff = BF.kish_n_eff(stats.sum_p_sq)  # (B, H, T)
-    spread = BF.expanded_square_spread(stats.second_moment, stats.estimate)
-    sigma2 = BF.reml_variance(spread, n_eff, sill, nu0)
-    if gate is not None:
-        b, t, _ = gate.shape
-        g2 = BF.upcast(gate).square().view(b, t, heads, -1).mean(-1)  # (B, T, H)
-        sigma2 = sigma2 * g2.transpose(1, 2)
-    return BF.observation_log_precision(sigma2, n_eff, has_key, p_o), n_eff, has_key
-
-
 def swiglu_jacobian_matrices(
     w_gate: Tensor, w_up: Tensor, w_down: Tensor, norm_scale: Tensor | None, groups: int
 ) -> tuple[Tensor, Tensor]:
@@ -115,13 +75,13 @@ def swiglu_jacobian_matrices(
 
     w_gate (W1), w_up (W3): (F, d); w_down (W2): (d, F); norm_scale: (d,).
     """
-    m1 = BF.ffn_jacobian_matrix(w_gate, w_down, norm_scale, groups)
-    m3 = BF.ffn_jacobian_matrix(w_up, w_down, norm_scale, groups)
+    m1 = J.ffn_jacobian_matrix(w_gate, w_down, norm_scale, groups)
+    m3 = J.ffn_jacobian_matrix(w_up, w_down, norm_scale, groups)
     return m1, m3
 
 
 def swiglu_pooled_jacobian(
-    a: Tensor, b: Tensor, m1: Tensor, m3: Tensor, norm_sigma: Tensor
+    a: Tensor, b: Tensor, m1: Tensor, m3: Tensor, norm_sigma: Tensor, backward: str = "custom"
 ) -> Tensor:
     """Group mean of the diagonal SwiGLU Jacobian (``docs/spec.md``, Predict).
 
@@ -131,16 +91,18 @@ def swiglu_pooled_jacobian(
 
     a = W1 u, b = W3 u: (B, T, F); norm_sigma: (B, T). Returns (B, T, G) float32.
 
-    In eager mode the two products run as one Function that keeps only ``a``,
-    ``b`` (which SwiGLU keeps for its own backward) and the matrices; the plain
-    ops would keep three more (B, T, F) float32 tensors a layer (``silu'(a)``,
-    ``silu'(a) b`` and ``silu(a)``), which at Llama widths (F = 5632) are the
-    largest activations of the layer. A traced graph uses the plain ops.
+    ``backward="custom"``: the two products run as one Function that keeps only
+    ``a``, ``b`` (which SwiGLU keeps for its own backward) and the matrices; the
+    plain ops (``"autograd"``, for ``torch.compile``) keep three more (B, T, F)
+    float32 tensors a layer (``silu'(a)``, ``silu'(a) b`` and ``silu(a)``), which
+    at Llama widths (F = 5632) are the largest activations of the layer.
     """
-    if torch.compiler.is_compiling():
+    if backward not in J.BACKWARDS:
+        raise ValueError(f"backward must be one of {J.BACKWARDS}, got {backward!r}")
+    if backward == "autograd":
         with torch.autocast(a.device.type, enabled=False):  # float32 as in eager mode
             af = BF.upcast(a)
-            weighted_gate = BF.silu_derivative(af) * BF.upcast(b)
+            weighted_gate = J.silu_derivative(af) * BF.upcast(b)
             product = weighted_gate @ m1.to(af.dtype) + F.silu(af) @ m3.to(af.dtype)
     else:
         product = _SwigluJacobianProduct.apply(a, b, m1, m3)
@@ -163,9 +125,9 @@ class _SwigluJacobianProduct(torch.autograd.Function):
             af, bf = BF.upcast(a.detach()), BF.upcast(b.detach())
             m1f, m3f = m1.detach().to(af.dtype), m3.detach().to(af.dtype)
             s = torch.sigmoid(af)
-            weighted_gate = BF.silu_derivative(af, s).mul_(bf)
+            weighted_gate = J.silu_derivative(af, s).mul_(bf)
             # silu(a) @ M3 + (silu'(a) b) @ M1, each as a product with few columns
-            return BF.matmul_few_columns(af * s, m3f) + BF.matmul_few_columns(weighted_gate, m1f)
+            return J.matmul_few_columns(af * s, m3f) + J.matmul_few_columns(weighted_gate, m1f)
 
     @staticmethod
     @once_differentiable
@@ -183,13 +145,13 @@ class _SwigluJacobianProduct(torch.autograd.Function):
         grad = grad.to(af.dtype)
         m1f, m3f = m1.to(af.dtype), m3.to(af.dtype)
         s = torch.sigmoid(af)
-        d1 = BF.silu_derivative(af, s)
+        d1 = J.silu_derivative(af, s)
         g2 = grad.reshape(-1, grad.shape[-1])
         grad_a = grad_b = grad_m1 = grad_m3 = None
         if need_m1:
-            grad_m1 = BF.gram_few_columns(d1 * bf, g2).to(m1.dtype)
+            grad_m1 = J.gram_few_columns(d1 * bf, g2).to(m1.dtype)
         if need_m3:
-            grad_m3 = BF.gram_few_columns(af * s, g2).to(m3.dtype)
+            grad_m3 = J.gram_few_columns(af * s, g2).to(m3.dtype)
         if need_a or need_b:
             via_m1 = grad @ m1f.t()  # (B, T, F)
             if need_b:

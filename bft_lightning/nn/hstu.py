@@ -50,21 +50,22 @@ unnormalised (rows do not sum to 1); ``n_eff = (sum |w|)^2 / sum w^2``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
-from bft_lightning.nn.layers import (
-    PRECISION_MODES,
-    BFTEncoderLayer,
-    _check_groups,
+from bft_lightning.nn.filter import (
+    FilterConfig,
+    FilterLayer,
+    Observation,
+    check_groups,
     default_log_precision,
+    valid_positions,
 )
 from bft_lightning.nn.stats import FilterStats
 
@@ -132,7 +133,7 @@ class RelativeAttentionBias(nn.Module):
         return bias
 
 
-class HSTULayer(nn.Module):
+class HSTULayer(FilterLayer):
     """One HSTU layer (pointwise SiLU attention, U gate, one residual), run as a Bayesian filter.
 
     Args:
@@ -150,10 +151,10 @@ class HSTULayer(nn.Module):
         num_buckets: time buckets of the relative attention bias.
         predict_noise: False skips ``Q`` (a last layer whose precision feeds nothing).
         layer_norm_eps: epsilon of both layer norms.
+        backward: ``"custom"`` or ``"autograd"`` (see ``FilterConfig``).
+        config: a ``FilterConfig`` instead of the flat filter options (its
+            ``gain`` must be ``"group"``, ``key_precision`` True, no gate).
     """
-
-    sill: Tensor
-    rho: nn.Parameter
 
     def __init__(
         self,
@@ -171,10 +172,11 @@ class HSTULayer(nn.Module):
         num_buckets: int = 128,
         predict_noise: bool = True,
         layer_norm_eps: float = 1e-6,
+        backward: str = "custom",
+        *,
+        config: FilterConfig | None = None,
     ) -> None:
         super().__init__()
-        if precision not in PRECISION_MODES:
-            raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
         check_sizes(d_model=d_model, max_len=max_len, num_buckets=num_buckets)
         check_int("nhead", nhead)
         check_int("linear_dim", linear_dim, optional=True)
@@ -182,11 +184,23 @@ class HSTULayer(nn.Module):
         if linear_dim is None or attention_dim is None:
             check_heads(d_model, nhead)
         check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
-        self.d_model, self.nhead, self.max_len, self.precision = d_model, nhead, max_len, precision
-        self.groups = _check_groups(d_model, nhead, groups)
+        if config is None:
+            check_groups(d_model, nhead, groups)  # names d_model in the error
+            config = FilterConfig(
+                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
+                sill_momentum=sill_momentum, predict_noise=predict_noise,
+                backward=backward,  # type: ignore[arg-type]
+            )  # fmt: skip
+        if config.gain != "group":
+            raise ValueError("HSTU takes gain='group' only (gain='head': SASRec, BERT4Rec)")
+        if not config.key_precision:
+            raise ValueError("HSTU takes key_precision=True only (the ablation: SASRec, BERT4Rec)")
+        if config.attention_gate is not None:
+            raise ValueError("HSTU takes no attention_gate: its U projection is the gate")
+        self.d_model, self.nhead, self.max_len = d_model, nhead, max_len
+        self.init_filter(config, nhead, check_groups(d_model, nhead, config.groups))
         self.dv = linear_dim or d_model // nhead
         self.dqk = attention_dim or d_model // nhead
-        self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, elementwise_affine=False)
         self.uvqk = nn.Linear(d_model, nhead * (2 * self.dv + 2 * self.dqk), bias=False)
         nn.init.normal_(self.uvqk.weight, 0.0, 0.02)
@@ -195,12 +209,6 @@ class HSTULayer(nn.Module):
         self.out_proj = nn.Linear(nhead * self.dv, d_model)
         nn.init.xavier_uniform_(self.out_proj.weight)
         self.dropout = nn.Dropout(dropout)
-        if precision == "on":
-            self.rho = nn.Parameter(torch.full((self.groups,), BF.inverse_process_noise(q_init)))
-            self.register_buffer("sill", torch.ones(nhead))
-        self.record = False
-        self.record_attention = False
-        self.last_stats: FilterStats | None = None
 
     def extra_repr(self) -> str:
         return f"precision={self.precision}, groups={self.groups}, N={self.max_len}"
@@ -210,11 +218,6 @@ class HSTULayer(nn.Module):
         """The V rows of f1: (H d_v, d)."""
         hv = self.nhead * self.dv
         return self.uvqk.weight[hv : 2 * hv]
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
-        super()._apply(fn, recurse)
-        BF.keep_float32_(self)  # the running sill and rho stay float32
-        return self
 
     def forward(
         self,
@@ -229,11 +232,16 @@ class HSTULayer(nn.Module):
         key_padding_mask: (B, T) bool, True = padding. Returns ``(h', log lambda'')``;
         in off mode the precision is passed through.
         """
-        valid = BFTEncoderLayer._valid(h, log_prec, key_padding_mask)
+        valid = valid_positions(h, log_prec, key_padding_mask)
         allowed = build_allowed(valid, is_causal)  # (B, 1, T, T)
         if self.precision == "off":
             return self._forward_off(h, valid, allowed, timestamps), log_prec
-        return self._forward_on(h, log_prec, valid, allowed, timestamps)
+        return self.filter_step(
+            h, log_prec, valid,
+            observe=lambda lp: self._observe(h, lp, allowed, timestamps),
+            dynamics=lambda h: (None, None),  # no FFN: Jbar = 0
+            default=lambda x: default_log_precision(x, self.groups, self.norm1.eps),
+        )  # fmt: skip
 
     def _project(self, h: Tensor, timestamps: Tensor | None) -> tuple[Tensor, ...]:
         """Pre-activation of f1 (B, T, H (2 dv + 2 dqk)), U (B, T, H dv), V, Q, K
@@ -262,93 +270,58 @@ class HSTULayer(nn.Module):
         a = (w @ v).transpose(1, 2).reshape(b, t, -1)  # (B, T, H dv)
         h = h + self.out_proj(self.dropout(self.norm_attn(a) * u))
         if self.record:
-            self._record_off(h, valid, w)
+            w32 = w.detach().float()
+            sum_p_sq = w32.square().sum(-1) / w32.abs().sum(-1).square().clamp_min(TINY)
+            n_eff = BF.kish_n_eff(sum_p_sq).transpose(1, 2)  # (B, T, H)
+            self.last_stats = FilterStats.plain(
+                valid, self.groups, w if self.record_attention else None, n_eff=n_eff
+            )
         return h
 
-    def _forward_on(
-        self,
-        h: Tensor,
-        log_prec: Tensor | None,
-        valid: Tensor,
-        allowed: Tensor,
-        timestamps: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
+    def _observe(
+        self, h: Tensor, lp: Tensor, allowed: Tensor, timestamps: Tensor | None
+    ) -> Observation:
+        """Pointwise attention weighted by the relative reliability, and the sandwich
+        variance of its estimate through LN(A), the U gate and f2 (``docs/spec.md``,
+        Blocks: HSTU)."""
         b, t, d = h.shape
         hv = self.nhead * self.dv
         pre, u, v, q, k, rab = self._project(h, timestamps)
-        if log_prec is None:
-            log_prec = default_log_precision(h, self.groups, self.norm1.eps)
-        lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
         has_key = BF.mask_weights(allowed, torch.float32).sum(dim=-1).squeeze(1) > 0  # (B, T)
         with torch.autocast(h.device.type, enabled=False):  # the filter runs in float32
             # observe: prior variance of V through LN, f1 (per channel) and SiLU
-            s2_h = torch.exp(-lp) / BF.norm_sigma(h, self.norm1.eps).square().unsqueeze(-1)
+            sigma1 = BF.norm_sigma(h, self.norm1.eps, backward=self.backward)  # (B, T)
+            s2_h = torch.exp(-lp) / sigma1.square().unsqueeze(-1)  # (B, T, G)
             p_v = BF.delta_rule_matrix(self.value_weight, hv, self.groups)  # (H dv, G)
-            dsilu = BF.silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
+            dsilu = J.silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
             s2_v = (BF.delta_rule(s2_h, p_v) * dsilu.square()).view(b, t, self.nhead, -1).mean(-1)
             log_lbar = -torch.log(s2_v.clamp_min(TINY)).transpose(1, 2)  # (B, H, T)
-            v32 = BF.upcast(v)
+            v32 = BF.upcast(v)  # (B, H, T, dv)
             w = self._weights(BF.upcast(q), BF.upcast(k), BF.upcast(rab), allowed)
             w = w * relative_reliability(log_lbar, allowed)  # (B, H, T, T)
             e = w @ v32  # (B, H, T, dv)
             # sandwich variance of e: one pass with weights w^2 over [1, v, ||v||^2 / dv]
             ones = torch.ones_like(v32[..., :1])
             m = w.square() @ torch.cat([ones, v32, v32.square().mean(-1, keepdim=True)], -1)
-            s0, s1, s2 = m[..., 0], m[..., 1:-1], m[..., -1]
+            s0, s1, s2 = m[..., 0], m[..., 1:-1], m[..., -1]  # (B, H, T), (B, H, T, dv), (B, H, T)
             sandwich = sandwich_variance(s0, s1, s2, s1 / s0.clamp_min(TINY).unsqueeze(-1))
             n_eff = BF.kish_n_eff(s0 / w.abs().sum(-1).square().clamp_min(TINY))  # (B, H, T)
             spread = sandwich / s0.clamp_min(TINY)
             var_e = BF.reml_variance(spread, n_eff, self.sill, self.nu0) * s0  # (B, H, T)
             # through LN(A), the U gate and f2 by the delta rule
             a = e.transpose(1, 2).reshape(b, t, hv)  # (B, T, H dv)
-            s2_n = var_e.transpose(1, 2) / BF.norm_sigma(a, self.norm_attn.eps).square()[..., None]
+            s2_n = (
+                var_e.transpose(1, 2)
+                / BF.norm_sigma(a, self.norm_attn.eps, backward=self.backward).square()[..., None]
+            )
             s2_o = s2_n.repeat_interleave(self.dv, dim=-1) * BF.upcast(u).square()  # (B, T, H dv)
             p_o = BF.delta_rule_matrix(self.out_proj.weight, self.groups, hv)  # (G, H dv)
             s2_y = BF.delta_rule(s2_o, p_o)  # (B, T, G)
             lp_obs = (-torch.log(s2_y.clamp_min(TINY))).clamp(BF.LOG_PREC_MIN, BF.LOG_PREC_MAX)
-        # update: the single residual as a Kalman update
         # the estimate came out of the float32 precision path: back to the stream's dtype
-        y = self.out_proj(self.dropout(self.norm_attn(a.to(h.dtype)) * u))
-        gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
-        h = h + BF.scale_groups(y, gain)
-        lp_post = BF.update_log_precision(lp, lp_obs, has_key)
-        # predict: no FFN (Jbar = 0), process noise only
-        q_noise = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
-        jbar = torch.zeros_like(lp_post)
-        lp_out = BF.predict_log_precision(lp_post, jbar, q_noise)
-        if self.training:
-            self._update_sill(v32, valid)
-        if self.record:
-            self.last_stats = FilterStats.detached(
-                valid=valid, log_prec=BF.with_padding(lp, valid), log_prec_obs=lp_obs,
-                gain=gain, n_eff=n_eff.transpose(1, 2),
-                log_prec_post=BF.with_padding(lp_post, valid), jbar=jbar,
-                log_prec_out=BF.with_padding(lp_out, valid), q=q_noise,
-                attention=w if self.record_attention else None,
-            )  # fmt: skip
-        return h, BF.with_padding(lp_out, valid)
-
-    @torch.no_grad()
-    def _update_sill(self, values: Tensor, valid: Tensor) -> None:
-        """Running per-head variance of the values over valid positions (like BatchNorm)."""
-        # a new tensor, not an in-place update: this step's graph may still read
-        # the old value in its backward (under torch.compile it does)
-        new = self.sill.clone()
-        BF.update_running_sill_(new, values, valid, self.sill_momentum)
-        self.sill = new
-
-    def _record_off(self, h: Tensor, valid: Tensor, w: Tensor) -> None:
-        b, t, _ = h.shape
-        ones = torch.ones(b, t, self.groups, device=h.device)
-        zeros = torch.zeros_like(ones)
-        w32 = w.detach().float()
-        sum_p_sq = w32.square().sum(-1) / w32.abs().sum(-1).square().clamp_min(TINY)
-        self.last_stats = FilterStats.detached(
-            valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones,
-            n_eff=BF.kish_n_eff(sum_p_sq).transpose(1, 2), log_prec_post=zeros, jbar=zeros,
-            log_prec_out=zeros, q=torch.zeros(self.groups, device=h.device),
-            attention=w if self.record_attention else None,
-        )  # fmt: skip
+        y = self.out_proj(self.dropout(self.norm_attn(a.to(h.dtype)) * u))  # (B, T, d)
+        weights = w if self.record_attention else None
+        return Observation(y, lp_obs, has_key, n_eff, v32, weights=weights)
 
 
 class HSTUEncoder(nn.Module):
@@ -384,6 +357,9 @@ class HSTUEncoder(nn.Module):
         h, lp = src, log_precision
         if lp is not None and lp.shape[-1] == 1:
             lp = lp.expand(*lp.shape[:2], self.groups)
+        for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
+            assert isinstance(layer, FilterLayer)
+            layer.flush_sill()
         for layer in self.layers:
             h, lp = layer(h, lp, src_key_padding_mask, is_causal, timestamps)
         if self.precision == "off":

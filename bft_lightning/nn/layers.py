@@ -17,19 +17,28 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn import functional as BF
-from bft_lightning.nn.attention import KrigingAttention, KrigingStats, build_allowed
+from bft_lightning.nn import jacobian as J
+from bft_lightning.nn.attention import KrigingAttention, build_allowed
 from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
+from bft_lightning.nn.filter import (
+    FilterConfig,
+    FilterLayer,
+    Observation,
+    check_groups,
+    default_log_precision,
+    valid_positions,
+)
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
 GAIN_MODES = ("group", "head")
+_check_groups = check_groups  # the old name
 
 
 def _activation_name(activation: str | Callable[[Tensor], Tensor] | nn.Module) -> str:
@@ -48,27 +57,7 @@ def _activation_name(activation: str | Callable[[Tensor], Tensor] | nn.Module) -
     return name
 
 
-def _check_groups(d_model: int, nhead: int, groups: int | None) -> int:
-    g = nhead if groups is None else groups
-    if not isinstance(g, int) or isinstance(g, bool) or g <= 0 or d_model % g:
-        raise ValueError(f"groups={g} must be a positive divisor of d_model={d_model}")
-    return g
-
-
-def default_log_precision(h: Tensor, groups: int, eps: float) -> Tensor:
-    """Precision uniform in Norm1 units: ``lambda_t = 1 / (Var(h_t) + eps)`` (B, T, G).
-
-    Used when a caller passes no precision. Per token, so it is causal and
-    padding-invariant; by the delta rule it gives plain softmax attention,
-    exactly when ``eps`` is Norm1's own (the norm divides by
-    ``sqrt(Var + eps)``: with ``eps = 0`` instead, small-variance inputs drifted
-    from softmax, ~2e-2 at embedding scale, and a constant token, e.g. a zeroed
-    padding row, got NaN gradients through ``sqrt(0)``).
-    """
-    return (-2.0 * BF.norm_sigma(h, eps).log()).unsqueeze(-1).expand(*h.shape[:2], groups)
-
-
-class BFTEncoderLayer(nn.Module):
+class BFTEncoderLayer(FilterLayer):
     """A pre-norm transformer encoder layer run as a Bayesian filter.
 
     Args:
@@ -111,9 +100,6 @@ class BFTEncoderLayer(nn.Module):
             the adaptive gain does. Needs ``gain="group"``.
     """
 
-    sill: Tensor
-    rho: nn.Parameter
-
     def __init__(
         self,
         d_model: int,
@@ -135,39 +121,35 @@ class BFTEncoderLayer(nn.Module):
         attention_chunk: int = 256,
         gain: str = "group",
         key_precision: bool = True,
+        backward: str = "custom",
+        *,
+        config: FilterConfig | None = None,
     ) -> None:
         super().__init__()
         if not batch_first:
             raise ValueError("BFTEncoderLayer supports batch_first=True only (inputs (B, T, d))")
         if not norm_first:
             raise ValueError("BFTEncoderLayer supports norm_first=True only (pre-norm)")
-        check_sizes(
-            d_model=d_model, dim_feedforward=dim_feedforward, attention_chunk=attention_chunk
-        )
+        check_sizes(d_model=d_model, dim_feedforward=dim_feedforward)
         check_heads(d_model, nhead)
         check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
-        if precision not in PRECISION_MODES:
-            raise ValueError(f"precision must be one of {PRECISION_MODES}, got {precision!r}")
-        if gain not in GAIN_MODES:
-            raise ValueError(f"gain must be one of {GAIN_MODES}, got {gain!r}")
-        if gain == "head" and attention_gate is not None:
-            raise ValueError(
-                "gain='head' takes no attention_gate: the gate rescales a head's output, "
-                "which the per-head prior (the value's precision) does not see"
-            )
-        if gain == "head" and not key_precision:
-            raise ValueError(
-                "gain='head' needs key_precision=True: its prior is the value's precision, "
-                "the same quantity the attention bias reads"
-            )
-        self.d_model, self.nhead, self.precision, self.gain = d_model, nhead, precision, gain
-        self.key_precision = key_precision
-        self.groups = _check_groups(d_model, nhead, groups)
+        if config is None:  # the flat options (torch.nn.TransformerEncoderLayer's style)
+            check_groups(d_model, nhead, groups)  # names d_model in the error
+            config = FilterConfig(
+                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
+                sill_momentum=sill_momentum, predict_noise=predict_noise, gain=gain,  # type: ignore[arg-type]
+                key_precision=key_precision, attention_gate=attention_gate,  # type: ignore[arg-type]
+                attention_impl=attention_impl, attention_chunk=attention_chunk,
+                backward=backward,  # type: ignore[arg-type]
+            )  # fmt: skip
+        self.d_model, self.nhead, self.gain = d_model, nhead, config.gain
+        self.key_precision = config.key_precision
         self.activation = _activation_name(activation)
-        self.nu0, self.sill_momentum, self.predict_noise = nu0, sill_momentum, predict_noise
+        self.init_filter(config, nhead, check_groups(d_model, nhead, config.groups))
         self.self_attn = KrigingAttention(
-            d_model, nhead, dropout, attention_gate, attention_impl, attention_chunk
-        )
+            d_model, nhead, dropout, config.attention_gate, config.attention_impl,
+            config.attention_chunk,
+        )  # fmt: skip
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -175,13 +157,6 @@ class BFTEncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-        if precision == "on":
-            rho0 = BF.inverse_process_noise(q_init)
-            self.rho = nn.Parameter(torch.full((self.groups,), rho0))
-            self.register_buffer("sill", torch.ones(nhead))
-        self.record = False
-        self.record_attention = False
-        self.last_stats: FilterStats | None = None
 
     def extra_repr(self) -> str:
         extra = f", gain={self.gain}" if self.gain != "group" else ""
@@ -199,13 +174,8 @@ class BFTEncoderLayer(nn.Module):
         if m is None:
             act, jac = (F.gelu(a) if self.activation == "gelu" else F.relu(a)), None
         else:
-            act, jac = BF.activation_with_jacobian(a, m, self.activation)
+            act, jac = J.activation_with_jacobian(a, m, self.activation, self.backward)
         return self.linear2(self.dropout(act)), jac
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Self:
-        super()._apply(fn, recurse)
-        BF.keep_float32_(self)  # the running sill and rho stay float32
-        return self
 
     def forward(
         self,
@@ -220,24 +190,20 @@ class BFTEncoderLayer(nn.Module):
         key_padding_mask: (B, T) bool, True = padding (as in ``torch.nn``).
         Returns ``(h'', log lambda'')``; in off mode the precision is passed through.
         """
-        valid = self._valid(h, log_prec, key_padding_mask)
+        valid = valid_positions(h, log_prec, key_padding_mask)  # (B, T)
+        allowed = build_allowed(valid, is_causal, attn_mask)  # (B, 1, T, T)
         if self.precision == "off":
-            return self._forward_off(h, valid, is_causal, attn_mask), log_prec
-        return self._forward_on(h, log_prec, valid, is_causal, attn_mask)
+            return self._forward_off(h, valid, allowed), log_prec
+        return self.filter_step(
+            h, log_prec, valid,
+            observe=lambda lp: self._observe(h, lp, allowed),
+            dynamics=self._dynamics,
+            default=lambda x: default_log_precision(x, self.groups, self.norm1.eps),
+        )  # fmt: skip
 
-    @staticmethod
-    def _valid(h: Tensor, log_prec: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
-        valid = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
-        if key_padding_mask is not None:
-            valid = valid & ~key_padding_mask.bool()
-        if log_prec is not None:
-            valid = valid & (log_prec > float("-inf")).any(dim=-1)
-        return valid
+    _valid = staticmethod(valid_positions)  # the old name
 
-    def _forward_off(
-        self, h: Tensor, valid: Tensor, is_causal: bool, attn_mask: Tensor | None
-    ) -> Tensor:
-        allowed = build_allowed(valid, is_causal, attn_mask)
+    def _forward_off(self, h: Tensor, valid: Tensor, allowed: Tensor) -> Tensor:
         z, weights, _, gate = self.self_attn(
             self.norm1(h), allowed, need_weights=self.record and self.record_attention
         )
@@ -248,30 +214,17 @@ class BFTEncoderLayer(nn.Module):
             self.last_stats = FilterStats.plain(valid, self.groups, weights, gate, self.nhead)
         return h
 
-    def _forward_on(
-        self,
-        h: Tensor,
-        log_prec: Tensor | None,
-        valid: Tensor,
-        is_causal: bool,
-        attn_mask: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
-        if log_prec is None:
-            log_prec = default_log_precision(h, self.groups, self.norm1.eps)
-        lp = BF.clamp_log_prec(log_prec, valid)  # (B, T, G) finite
+    def _observe(self, h: Tensor, lp: Tensor, allowed: Tensor) -> Observation:
+        """Kriging attention with the keys' precision as a logit bias (``docs/spec.md``,
+        Observe); with ``key_precision=False`` the off twin's weights."""
         attn = self.self_attn
-        # The precision path runs in float32 also under autocast: lambda spans
-        # e^-20..e^20, beyond float16, and bf16's 8-bit mantissa blurs the gain.
-        fp32 = torch.autocast(h.device.type, enabled=False)
         bias = None
         if self.key_precision:
-            with fp32:  # observe: kriging with the keys' precision as a logit bias
-                sigma1 = BF.norm_sigma(h, self.norm1.eps)  # float32 out
-                p_v = BF.delta_rule_matrix(
-                    attn.value_weight, self.nhead, self.groups, self.norm1.weight
-                )
-                bias = BF.neighbour_log_precision(lp, sigma1, p_v)  # (B, H, T)
-        allowed = build_allowed(valid, is_causal, attn_mask)
+            with torch.autocast(h.device.type, enabled=False):
+                sigma1 = BF.norm_sigma(h, self.norm1.eps, backward=self.backward)  # (B, T)
+            bias = self.key_log_precision(
+                lp, sigma1, attn.value_weight, self.nhead, self.norm1.weight
+            )  # (B, H, T) fmt: skip
         per_head = self.gain == "head"
         # per head: z holds the heads' estimates, not yet through W_O
         z, weights, stats, gate = attn(
@@ -279,70 +232,27 @@ class BFTEncoderLayer(nn.Module):
             project=not per_head,
         )  # fmt: skip
         assert stats is not None
-        with fp32:  # update: the residual as a Kalman update
-            lp_obs, n_eff, has_key, lp_obs_head = self._observation(stats, gate, per_head)
-            if lp_obs_head is not None:  # the query's own value precision against its head's
-                assert bias is not None  # gain="head" requires key_precision
-                gain = BF.kalman_gain(bias.transpose(1, 2), lp_obs_head, has_key)  # (B, T, H)
-            else:
-                gain = BF.kalman_gain(lp, lp_obs, has_key)  # (B, T, G)
-            lp_post = BF.update_log_precision(lp, lp_obs, has_key)
+        obs = self.kriging_observation(
+            stats, z if per_head else self.dropout1(z), attn.out_proj.weight, self.nhead, gate,
+            head_prior=bias if per_head else None,
+        )  # fmt: skip
         if per_head:
-            h = h + self.dropout1(attn.out_proj(BF.scale_groups(z, gain)))
-        else:
-            h = h + BF.scale_groups(self.dropout1(z), gain)
-        # predict: FFN dynamics plus process noise
-        with fp32:
-            m = BF.ffn_jacobian_matrix(
+            obs.project = lambda x: self.dropout1(attn.out_proj(x))
+        obs.weights = weights
+        return obs
+
+    def _dynamics(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The FFN's output (dropout applied) and its pooled Jacobian ``Jbar`` (B, T, G)."""
+        with torch.autocast(h.device.type, enabled=False):
+            m = J.ffn_jacobian_matrix(
                 self.linear1.weight, self.linear2.weight, self.norm2.weight, self.groups
-            )
+            )  # (F, G)
         f, jac = self._ffn(self.norm2(h), m)
         assert jac is not None
-        with fp32:
-            sigma_norm2 = BF.norm_sigma(h, self.norm2.eps).unsqueeze(-1)  # (B, T, 1) float32
-            jbar = jac / sigma_norm2
-            q = BF.process_noise(self.rho) if self.predict_noise else torch.zeros_like(self.rho)
-            lp_out = BF.predict_log_precision(lp_post, jbar, q)
-        h = h + self.dropout2(f)
-        if self.training:
-            self._update_sill(stats.values, valid)
-        if self.record:
-            self.last_stats = FilterStats.detached(
-                valid=valid, log_prec=BF.with_padding(lp, valid),
-                log_prec_obs=lp_obs, gain=gain, n_eff=n_eff.transpose(1, 2),
-                log_prec_post=BF.with_padding(lp_post, valid), jbar=jbar,
-                log_prec_out=BF.with_padding(lp_out, valid), q=q,
-                attention=weights, gate=gate,
-            )  # fmt: skip
-        return h, BF.with_padding(lp_out, valid)
-
-    def _observation(
-        self, stats: KrigingStats, gate: Tensor | None, per_head: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """REML observation precision per residual group, ``n_eff``, row validity and,
-        with ``per_head``, the observation precision per head (B, T, H), else None."""
-        has_key = (stats.sum_p_sq > 0).any(dim=1)  # (B, T)
-        n_eff = BF.kish_n_eff(stats.sum_p_sq)  # (B, H, T)
-        spread = BF.expanded_square_spread(stats.second_moment, stats.estimate)
-        sigma2 = BF.reml_variance(spread, n_eff, self.sill, self.nu0)
-        if gate is not None:  # the gate scales each head's output: variance times gate^2
-            b, t, _ = gate.shape
-            g2 = BF.upcast(gate).square().view(b, t, self.nhead, -1).mean(-1)  # (B, T, H)
-            sigma2 = sigma2 * g2.transpose(1, 2)
-        p_o = BF.delta_rule_matrix(self.self_attn.out_proj.weight, self.groups, self.nhead)
-        lp_obs = BF.observation_log_precision(sigma2, n_eff, has_key, p_o)
-        lp_obs_head = None
-        if per_head:
-            lp_obs_head = BF.head_observation_log_precision(sigma2, n_eff, has_key).transpose(1, 2)
-        return lp_obs, n_eff, has_key, lp_obs_head
-
-    @torch.no_grad()
-    def _update_sill(self, values: Tensor, valid: Tensor) -> None:
-        # a new tensor, not an in-place update: this step's graph may still read
-        # the old value in its backward (under torch.compile it does)
-        new = self.sill.clone()
-        BF.update_running_sill_(new, values, valid, self.sill_momentum)
-        self.sill = new
+        with torch.autocast(h.device.type, enabled=False):
+            sigma2 = BF.norm_sigma(h, self.norm2.eps, backward=self.backward)  # (B, T) float32
+            jbar = jac / sigma2.unsqueeze(-1)
+        return self.dropout2(f), jbar
 
 
 class BFTEncoder(nn.Module):
@@ -394,6 +304,9 @@ class BFTEncoder(nn.Module):
         h, lp = src, log_precision
         if lp is not None and lp.shape[-1] == 1:
             lp = lp.expand(*lp.shape[:2], self.first_layer.groups)
+        for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
+            assert isinstance(layer, FilterLayer)
+            layer.flush_sill()
         for layer in self.layers:
             h, lp = layer(h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
                           attn_mask=mask)  # fmt: skip

@@ -70,19 +70,20 @@ class FilterStats:
         attention: Tensor | None = None,
         gate: Tensor | None = None,
         nhead: int | None = None,
+        n_eff: Tensor | None = None,
     ) -> FilterStats:
         """Stats of a ``precision="off"`` layer: gain 1, precision 0 (log), no Q.
 
-        ``n_eff`` comes from the attention weights when they were recorded
-        (zeros of width ``nhead`` otherwise).
+        ``n_eff`` (B, T, H), when not given, comes from the softmax attention
+        weights when they were recorded (zeros of width ``nhead`` otherwise).
         """
         b, t = valid.shape
         ones = torch.ones(b, t, groups, device=valid.device)
         zeros = torch.zeros_like(ones)
-        if attention is not None:
+        if n_eff is None and attention is not None:
             sum_p_sq = attention.float().square().sum(-1)
             n_eff = torch.where(sum_p_sq > 0, 1.0 / sum_p_sq.clamp_min(1e-30), 0.0).transpose(1, 2)
-        else:
+        elif n_eff is None:
             n_eff = torch.zeros(b, t, nhead or 1, device=valid.device)
         return cls.detached(
             valid=valid, log_prec=zeros, log_prec_obs=zeros, gain=ones, n_eff=n_eff,

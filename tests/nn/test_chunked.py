@@ -7,8 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bft_lightning.nn.attention import build_allowed, reference_attention
-from bft_lightning.nn.chunked import _MASK_LEVELS, _ChunkedKriging, _keep_bits, chunked_attention
+from bft_lightning.nn.attention import build_allowed
+from bft_lightning.nn.kernels.chunked import _ChunkedKriging, chunked_attention
+from bft_lightning.nn.kernels.chunks import _MASK_LEVELS, _keep_bits
+from bft_lightning.nn.kernels.reference import reference_attention
 from bft_lightning.nn.layers import BFTEncoderLayer
 
 
@@ -157,6 +159,7 @@ def test_layer_chunked_equals_reference(groups, causal, gain):
         x = h.clone().requires_grad_()
         y, lp = layer(x, log_prec, is_causal=causal)
         (y.square().sum() + lp[torch.isfinite(lp)].sum()).backward()
+        layer.flush_sill()
         outs.append((y, lp, x.grad, [p.grad for p in layer.parameters()], layer.sill.clone()))
     (y0, lp0, g0, pg0, s0), (y1, lp1, g1, pg1, s1) = outs
     torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-5)
@@ -265,7 +268,7 @@ def test_key_spans_trim_causal_blocks_and_left_padding():
     """Each query block reads only keys up to its last row (causal) and from the
     first key any of its rows may read (left padding); an all-padding block
     is skipped."""
-    from bft_lightning.nn.chunked import _key_spans
+    from bft_lightning.nn.kernels.chunks import _key_spans
 
     valid = torch.ones(2, 10, dtype=torch.bool)
     valid[:, :4] = False  # both sequences start at position 4
@@ -396,7 +399,7 @@ def test_newer_per_backend_precision_settings_are_read(backend, value):
     the legacy ``get_float32_matmul_precision`` raise: the call still runs, takes the
     full-precision shortcuts only where the device's own backend is IEEE, and equals
     the reference (float64 here)."""
-    from bft_lightning.nn.chunked import _full_precision_matmul
+    from bft_lightning.nn.kernels.chunks import _full_precision_matmul
 
     settings = getattr(torch.backends, backend).matmul
     before = settings.fp32_precision
@@ -461,7 +464,8 @@ def test_block_mask_equals_a_fill_of_the_blocked_scores(dtype):
     """The additive mask (float32 / float64) gives bit for bit the weights of a fill
     with the blocked value, also for large scores and rows with no key (uniform
     weights, has_key 0); half types take the fill itself."""
-    from bft_lightning.nn.chunked import _block, masked_value
+    from bft_lightning.nn.kernels.chunks import _block
+    from bft_lightning.nn.kernels.reference import masked_value
 
     q, k, _, bias, allowed = _inputs(3, 2, 9, 4, True, 3, seed=1, dtype=dtype)
     q = q * 1e6  # scores up to ~1e13: s - 1e30 must still round to -1e30

@@ -13,11 +13,12 @@ from bft_lightning.models.llama import (
     LlamaForCausalLM,
     calibrate_precision,
 )
-from bft_lightning.nn import attention as attention_module
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import functional_llama as FL
+from bft_lightning.nn import kernels as kernels_module
 from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
+from bft_lightning.nn.filter import default_log_precision
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
@@ -158,7 +159,7 @@ def test_uniform_norm_units_precision_gives_softmax_weights() -> None:
         layer.record, layer.record_attention = True, True
     h = torch.randn(2, 8, 32) * torch.rand(2, 8, 1) * 3
     valid = torch.ones(2, 8, dtype=torch.bool)
-    lp = 1.7 + FL.rms_log_precision(h, on.input_layernorm.eps, on.groups)
+    lp = 1.7 + default_log_precision(h, on.groups, on.input_layernorm.eps, rms=True)
     rope = rope_for(8, on, 2)
     with torch.no_grad():
         on(h, lp, rope, valid)
@@ -382,7 +383,8 @@ def test_chunked_attention_equals_reference_in_the_decoder(
         model.train()
         with monkeypatch.context() as patch:
             if impl == "chunked":
-                patch.setattr(attention_module, "reference_attention", materialised)
+                patch.setattr(kernels_module, "reference_attention", materialised)
+                patch.setattr(kernels_module.reference, "reference_attention", materialised)
             out = model(x, mask)
         (out.logits.square().mean() + out.log_precision[mask.bool()].mean()).backward()
         outs[impl] = out
@@ -402,7 +404,8 @@ def test_chunked_attention_equals_reference_in_the_decoder(
         for impl, model in models.items():
             with monkeypatch.context() as patch:
                 if impl == "chunked":
-                    patch.setattr(attention_module, "reference_attention", materialised)
+                    patch.setattr(kernels_module, "reference_attention", materialised)
+                    patch.setattr(kernels_module.reference, "reference_attention", materialised)
                 first = model(x[:, :6], mask[:, :6], use_cache=True)
                 steps[impl] = model(x[:, 6:], mask[:, 6:], cache=first.cache).logits
         torch.testing.assert_close(steps["chunked"], steps["reference"])
@@ -434,7 +437,7 @@ def test_swiglu_pooled_jacobian_keeps_only_a_and_b(traced: bool, monkeypatch) ->
     """The fused Function (eager) and the plain ops (traced) give the values and
     gradients of autograd's own silu', and the eager path keeps no (B, T, F) tensor
     for the backward but ``a`` and ``b``."""
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
+    backward = "autograd" if traced else "custom"
     torch.manual_seed(0)
     leaves = [
         torch.randn(2, 5, 12, dtype=torch.float64) * 3,
@@ -445,7 +448,7 @@ def test_swiglu_pooled_jacobian_keeps_only_a_and_b(traced: bool, monkeypatch) ->
     ]
     mine = [t.clone().requires_grad_() for t in leaves]
     ref = [t.clone().requires_grad_() for t in leaves]
-    got = FL.swiglu_pooled_jacobian(*mine)
+    got = FL.swiglu_pooled_jacobian(*mine, backward)
     want = _plain_swiglu_product(*ref)
     torch.testing.assert_close(got, want)
     w = torch.randn_like(got)
@@ -453,7 +456,7 @@ def test_swiglu_pooled_jacobian_keeps_only_a_and_b(traced: bool, monkeypatch) ->
         torch.autograd.grad((got * w).sum(), mine), torch.autograd.grad((want * w).sum(), ref)
     ):
         torch.testing.assert_close(g1, g2)
-    assert torch.autograd.gradcheck(FL.swiglu_pooled_jacobian, tuple(mine))
+    assert torch.autograd.gradcheck(lambda *x: FL.swiglu_pooled_jacobian(*x, backward), tuple(mine))
     if traced:
         return
     saved: list[torch.Tensor] = []
@@ -485,14 +488,14 @@ def test_swiglu_pooled_jacobian_with_only_some_inputs_needing_gradients() -> Non
 def test_swiglu_pooled_jacobian_in_float32_under_bf16_autocast(traced: bool, monkeypatch) -> None:
     """bf16 activations under autocast: the products run in float32 (eager and traced
     alike) and each gradient comes back in its input's dtype."""
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
+    backward = "autograd" if traced else "custom"
     torch.manual_seed(2)
     a = (torch.randn(2, 3, 256) * 2).to(torch.bfloat16).requires_grad_()
     b = torch.randn(2, 3, 256).to(torch.bfloat16).requires_grad_()
     m1, m3 = torch.randn(256, 4, requires_grad=True), torch.randn(256, 4, requires_grad=True)
     sigma = torch.ones(2, 3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = FL.swiglu_pooled_jacobian(a, b, m1, m3, sigma)
+        got = FL.swiglu_pooled_jacobian(a, b, m1, m3, sigma, backward)
     assert got.dtype == torch.float32
     ref = [t.detach().double().requires_grad_() for t in (a, b, m1, m3)]
     want = _plain_swiglu_product(*ref, sigma.double())

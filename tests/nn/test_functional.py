@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.functional import masked_softmax
 
 
@@ -161,9 +162,9 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
     jac = torch.autograd.functional.jacobian(
         lambda x: lin2(torch.nn.functional.gelu(lin1(ln(x)))), h
     )
-    m = BF.ffn_jacobian_matrix(lin1.weight, lin2.weight, ln.weight, g)
+    m = J.ffn_jacobian_matrix(lin1.weight, lin2.weight, ln.weight, g)
     a = lin1(ln(h))
-    jbar = BF.activation_jacobian_product(a.view(1, 1, f), m, "gelu") / BF.norm_sigma(
+    jbar = J.activation_with_jacobian(a.view(1, 1, f), m, "gelu")[1] / BF.norm_sigma(
         h.view(1, 1, d), ln.eps
     ).unsqueeze(-1)
     # the spec's diagonal ignores LayerNorm's centring/normalising projection terms,
@@ -171,7 +172,7 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
     sigma = BF.norm_sigma(h.view(1, 1, d), ln.eps).item()
     leading = (
         torch.einsum(
-            "ik,k,ki,i->i", lin2.weight, BF.activation_derivative(a, "gelu"), lin1.weight, ln.weight
+            "ik,k,ki,i->i", lin2.weight, J.activation_derivative(a, "gelu"), lin1.weight, ln.weight
         )
         / sigma
     )
@@ -184,60 +185,36 @@ def test_ffn_jacobian_matches_autograd_diagonal() -> None:
 def test_gelu_derivative_matches_autograd_and_gradchecks() -> None:
     a = torch.linspace(-4, 4, 41, dtype=torch.float64, requires_grad=True)
     (auto,) = torch.autograd.grad(torch.nn.functional.gelu(a).sum(), a, create_graph=True)
-    torch.testing.assert_close(BF.activation_derivative(a, "gelu"), auto)
-    assert torch.autograd.gradcheck(lambda x: BF.activation_derivative(x, "gelu"), (a,))
+    torch.testing.assert_close(J.activation_derivative(a, "gelu"), auto)
+    assert torch.autograd.gradcheck(lambda x: J.activation_derivative(x, "gelu"), (a,))
 
 
-def test_traced_formulas_equal_the_hand_written_functions(monkeypatch) -> None:
-    """Under torch.compile the filter's pieces run as plain ops (inductor on CUDA gave
-    zero gradients through the hand-written Functions); both give the same values and
-    gradients."""
+def test_autograd_backward_equals_the_hand_written_functions() -> None:
+    """``backward="autograd"`` (plain ops, for torch.compile: inductor on CUDA gave zero
+    gradients through the hand-written Functions) and ``"custom"`` give the same
+    values and gradients, through really different graphs."""
     x = torch.randn(3, 5, 8, dtype=torch.float64)
+    m = torch.randn(8, 2, dtype=torch.float64)
     pieces = {
-        "norm_sigma": lambda t: BF.norm_sigma(t, 1e-5),
-        "gelu'": lambda t: BF.activation_derivative(t, "gelu"),
+        "norm_sigma": lambda t, b: BF.norm_sigma(t, 1e-5, backward=b),
+        "gelu jacobian": lambda t, b: J.activation_with_jacobian(t, m, "gelu", b)[1],
     }
-    w = torch.randn_like(x[..., 0])
     for name, fn in pieces.items():
         results = []
-        for traced in (False, True):
-            monkeypatch.setattr(torch.compiler, "is_compiling", lambda traced=traced: traced)
+        for backward in ("custom", "autograd"):
             leaf = x.clone().requires_grad_()
-            out = fn(leaf)
-            weight = w if out.dim() == 2 else w.unsqueeze(-1)
+            out = fn(leaf, backward)
+            weight = torch.randn(
+                out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(0)
+            )
             (grad,) = torch.autograd.grad((out * weight).sum(), leaf)
             results.append((out.detach(), grad, out.grad_fn.name()))
         (v0, g0, f0), (v1, g1, f1) = results
         assert f0 != f1, (name, f0)  # the two paths really differ
         torch.testing.assert_close(v1, v0, msg=name)
         torch.testing.assert_close(g1, g0, msg=name)
-
-
-@pytest.mark.parametrize("activation", ["gelu", "relu"])
-def test_activation_jacobian_product_keeps_only_a_and_m(activation: str) -> None:
-    """phi'(a) @ M: the values and gradients of the plain product, and nothing of
-    (B, T, F) kept for the backward but ``a`` itself."""
-    a = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
-    m = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
-    got = BF.activation_jacobian_product(a, m, activation)
-    a2, m2 = a.detach().clone().requires_grad_(), m.detach().clone().requires_grad_()
-    if activation == "gelu":
-        (dphi,) = torch.autograd.grad(torch.nn.functional.gelu(a2).sum(), a2, create_graph=True)
-    else:
-        dphi = (a2 > 0).to(a2.dtype)
-    want = dphi @ m2
-    torch.testing.assert_close(got, want)
-    w = torch.randn_like(got)
-    inputs = ((a, m), (a2, m2)) if activation == "gelu" else ((m,), (m2,))  # relu: phi'' = 0
-    torch.testing.assert_close(
-        torch.autograd.grad((got * w).sum(), inputs[0]),
-        torch.autograd.grad((want * w).sum(), inputs[1]),
-    )
-    if activation == "gelu":
-        assert torch.autograd.gradcheck(
-            lambda x, y: BF.activation_jacobian_product(x, y, "gelu"), (a, m)
-        )
-    _assert_keeps_only_a(lambda: BF.activation_jacobian_product(a, m, activation), a)
+    with pytest.raises(ValueError, match="backward must be one of"):
+        J.activation_with_jacobian(x, m, "gelu", "traced")
 
 
 def _assert_keeps_only_a(call, a: torch.Tensor) -> None:
@@ -250,20 +227,21 @@ def _assert_keeps_only_a(call, a: torch.Tensor) -> None:
     assert len(big) == 1 and big[0] is a
 
 
+@pytest.mark.parametrize("backward", ["custom", "autograd"])
 @pytest.mark.parametrize("block", [None, 36])
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 def test_activation_with_jacobian_equals_separate_ops(
-    activation: str, block: int | None, monkeypatch: pytest.MonkeyPatch
+    activation: str, block: int | None, backward: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """phi(a) and phi'(a) @ M from one Function: the values and gradients of the
     activation and the Jacobian product computed apart (float64, gradcheck), also
     when only one of the two outputs is used; with ``block`` the GELU path works
     in row blocks of 3 rows (10 rows: blocks 3, 3, 3, 1), as on a CPU at scale."""
     if block is not None:
-        monkeypatch.setattr(BF, "_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(J, "_BLOCK_ELEMENTS", block)
     a = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
     m = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
-    act, jac = BF.activation_with_jacobian(a, m, activation)
+    act, jac = J.activation_with_jacobian(a, m, activation, backward)
     a2, m2 = a.detach().clone().requires_grad_(), m.detach().clone().requires_grad_()
     phi = torch.nn.functional.gelu if activation == "gelu" else torch.nn.functional.relu
     if activation == "gelu":  # the textbook formula, independent of the library's paths
@@ -292,9 +270,10 @@ def test_activation_with_jacobian_equals_separate_ops(
                 torch.testing.assert_close(g, r, msg=use)
     if activation == "gelu":
         assert torch.autograd.gradcheck(
-            lambda x, y: BF.activation_with_jacobian(x, y, "gelu"), (a, m)
+            lambda x, y: J.activation_with_jacobian(x, y, "gelu", backward), (a, m)
         )
-        _assert_keeps_only_a(lambda: BF.activation_with_jacobian(a, m, activation), a)
+    if activation == "gelu" and backward == "custom":
+        _assert_keeps_only_a(lambda: J.activation_with_jacobian(a, m, activation), a)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

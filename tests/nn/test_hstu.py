@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from bft_lightning.nn import PrecisionPrior, set_recording
-from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.hstu import (
     HSTUEncoder,
     HSTULayer,
@@ -75,7 +75,7 @@ def test_off_equals_plain_hstu(timed: bool, dims: tuple) -> None:
 def test_helpers() -> None:
     a = torch.linspace(-6, 6, 50, requires_grad=True)
     (grad,) = torch.autograd.grad(F.silu(a).sum(), a)
-    torch.testing.assert_close(BF.silu_derivative(a), grad)
+    torch.testing.assert_close(J.silu_derivative(a), grad)
     ts = torch.tensor([[0, 1, 3, 1000, 10**9]])
     b = time_buckets(ts, num_buckets=60)
     assert b[0, 0, 1] == 0 and b[0, 0, 2] == 3 and b[0, 3, 0] == 22 and b[0, 4, 0] == 60
@@ -211,9 +211,12 @@ def test_sill_is_a_running_statistic() -> None:
     layer = hstu_layer(precision="on")
     before = layer.sill.clone()
     layer.train()(torch.randn(4, 6, D))
+    assert torch.equal(layer.sill, before)  # staged: applied before the next step
+    layer.flush_sill()  # (the stacks flush at the start of each forward)
     assert not torch.equal(layer.sill, before)
     frozen = layer.sill.clone()
     layer.eval()(torch.randn(4, 6, D))
+    layer.flush_sill()
     assert torch.equal(layer.sill, frozen)
 
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, PrecisionPrior, set_recording
 from bft_lightning.nn import functional as BF
+from bft_lightning.nn import jacobian as J
 
 D, H, FF = 16, 4, 32
 
@@ -216,9 +217,12 @@ def test_sill_is_a_running_statistic() -> None:
     layer = bft_layer(precision="on")
     before = layer.sill.clone()
     layer.train()(torch.randn(4, 6, D))
+    assert torch.equal(layer.sill, before)  # staged: applied before the next step
+    layer.flush_sill()  # (the stacks flush at the start of each forward)
     assert not torch.equal(layer.sill, before)
     frozen = layer.sill.clone()
     layer.eval()(torch.randn(4, 6, D))
+    layer.flush_sill()
     assert torch.equal(layer.sill, frozen)
     # a single token still has a finite, positive observation precision
     set_recording(layer, True)
@@ -348,9 +352,9 @@ def test_groups_agree_with_per_channel_delta_rule(groups: int) -> None:
     torch.testing.assert_close(mine.last_stats.log_prec_obs, -torch.log(s2_group))
     # predict: the pooled Jacobian matrix is the group mean of the per-channel one
     w1, w2, g2 = ref.linear1.weight, ref.linear2.weight, ref.norm2.weight
-    m_channel = BF.ffn_jacobian_matrix(w1, w2, g2, D)  # (F, D)
+    m_channel = J.ffn_jacobian_matrix(w1, w2, g2, D)  # (F, D)
     torch.testing.assert_close(
-        BF.ffn_jacobian_matrix(w1, w2, g2, groups), m_channel.view(FF, groups, -1).mean(-1)
+        J.ffn_jacobian_matrix(w1, w2, g2, groups), m_channel.view(FF, groups, -1).mean(-1)
     )
 
 
