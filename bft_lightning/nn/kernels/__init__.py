@@ -1,0 +1,1 @@
+"""Attention kernels for the kriging statistics (blockwise PyTorch, fused Triton)."""

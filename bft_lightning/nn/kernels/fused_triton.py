@@ -1,0 +1,599 @@
+"""The fused kriging kernel in Triton: one pass over the keys, forward and backward.
+
+The algorithm of ``kernels.blockwise`` (its docstring has the formulas) as three
+Triton kernels:
+
+- ``_fwd_kernel``: a program per (query block, batch * head) reads the key
+  blocks once with an online softmax and writes the estimate, the second
+  moment, ``sum_j p^2``, the log-sum-exp and, with dropout, the output;
+- ``_bwd_dkdv_kernel``: a program per (key block, batch * head) recomputes the
+  weights of every query block and accumulates dk, dv and d bias;
+- ``_bwd_dq_kernel``: a program per (query block, batch * head) accumulates dq.
+
+No (T x S) tensor is stored, and no atomics are used. The row sums
+``c = g_e . e + g_M M + 2 g_P P + g_o . o`` are (B, H, T) elementwise products
+taken in PyTorch before the backward kernels. The dropout mask is the same
+counter-based hash as the blockwise version's (``blockwise.keep_mask``), so the
+two give the same numbers with dropout too.
+
+It is registered as the custom op ``bft_lightning::kriging_fused``
+(:func:`blockwise.define_kriging_op`: a fake implementation and a registered
+backward), so ``torch.compile(fullgraph=True)`` traces through it. Where it
+runs: CUDA tensors with Triton installed take the kernels; CPU tensors take
+them under Triton's interpreter when ``TRITON_INTERPRET=1`` is set (for tests:
+slow) and the blockwise PyTorch version otherwise, which is also the path
+without Triton. Triton is an optional dependency: this module imports without it.
+"""
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bft_lightning.nn.kernels.blockwise import (
+    _GOLDEN,
+    _H1,
+    _H2,
+    _M32,
+    Outputs,
+    backward_row_sums,
+    blockwise_backward,
+    blockwise_forward,
+    define_kriging_op,
+    keep_threshold,
+    prepare,
+)
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # Triton is optional (the "triton" extra)
+    HAVE_TRITON = False
+
+# constants as plain ints inside the kernels (Triton reads module globals only as
+# constexpr objects or literals)
+H1, H2, GOLDEN, M32 = _H1, _H2, _GOLDEN, _M32
+
+
+def triton_available() -> bool:
+    """Whether Triton can be imported."""
+    return HAVE_TRITON
+
+
+def interpret_requested() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` asks CPU tensors to run the kernels interpreted."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def uses_triton(x: Tensor) -> bool:
+    """Whether a call on ``x`` runs the Triton kernels (else the blockwise version)."""
+    if not HAVE_TRITON:
+        return False
+    return x.device.type == "cuda" or (x.device.type == "cpu" and interpret_requested())
+
+
+if HAVE_TRITON:
+
+    def _fwd_kernel(
+        Q, K, V, BIAS, ALLOWED, KVALID, SEED,
+        EST, M2, PSQ, LSE, OUT,
+        sqb, sqh, sqt, sqd,
+        skb, skh, sks, skd,
+        svb, svh, svs, svd,
+        sbb, sbh, sbs,
+        sab, sat, sas,
+        skvb, skvs,
+        H, T, S, DH, DV, scale, threshold, factor,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_KVALID: tl.constexpr,
+        CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    ):  # fmt: skip
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        hh = bh % H
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_DH)
+        offs_v = tl.arange(0, BLOCK_DV)
+        row_ok = offs_m < T
+        q = tl.load(
+            Q + b * sqb + hh * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+            mask=row_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
+        ).to(ACC)  # fmt: skip
+        q = q * scale
+        mu = tl.full([BLOCK_M], float("-inf"), ACC)
+        l_sum = tl.zeros([BLOCK_M], ACC)
+        p2_sum = tl.zeros([BLOCK_M], ACC)
+        m2_sum = tl.zeros([BLOCK_M], ACC)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+        acc_o = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+        stream = tl.zeros([1], tl.int64)
+        if DROPOUT:
+            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * GOLDEN) & M32
+            x = x ^ (x >> 16)
+            x = (x * H1) & M32
+            x = x ^ (x >> 15)
+            x = (x * H2) & M32
+            stream = x ^ (x >> 15)
+        hi = S
+        if CAUSAL:
+            hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < S
+            k = tl.load(
+                K + b * skb + hh * skh + offs_n[None, :] * sks + offs_d[:, None] * skd,
+                mask=col_ok[None, :] & (offs_d[:, None] < DH), other=0.0,
+            ).to(ACC)  # (BLOCK_DH, BLOCK_N)  # fmt: skip
+            s = tl.dot(q, k, input_precision="ieee", out_dtype=ACC)
+            if HAS_BIAS:
+                bias = tl.load(BIAS + b * sbb + hh * sbh + offs_n * sbs, mask=col_ok, other=0.0)
+                s = s + bias.to(ACC)[None, :]
+            ok = col_ok[None, :] & row_ok[:, None]
+            if HAS_ALLOWED:
+                a = tl.load(
+                    ALLOWED + b * sab + offs_m[:, None] * sat + offs_n[None, :] * sas,
+                    mask=ok, other=0,
+                )  # fmt: skip
+                ok = ok & (a != 0)
+            if HAS_KVALID:
+                kv = tl.load(KVALID + b * skvb + offs_n * skvs, mask=col_ok, other=0)
+                ok = ok & (kv != 0)[None, :]
+            if CAUSAL:
+                ok = ok & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(ok, s, float("-inf"))
+            mu_new = tl.maximum(mu, tl.max(s, 1))
+            mu_safe = tl.where(mu_new == float("-inf"), 0.0, mu_new)
+            alpha = tl.exp(mu - mu_safe)
+            p = tl.exp(s - mu_safe[:, None])
+            l_sum = l_sum * alpha + tl.sum(p, 1)
+            p2_sum = p2_sum * alpha * alpha + tl.sum(p * p, 1)
+            v = tl.load(
+                V + b * svb + hh * svh + offs_n[:, None] * svs + offs_v[None, :] * svd,
+                mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0,
+            ).to(ACC)  # (BLOCK_N, BLOCK_DV)  # fmt: skip
+            vsq = tl.sum(v * v, 1) / DV
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee", out_dtype=ACC)
+            m2_sum = m2_sum * alpha + tl.sum(p * vsq[None, :], 1)
+            if DROPOUT:
+                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & M32
+                x = pos ^ stream
+                x = x ^ (x >> 16)
+                x = (x * H1) & M32
+                x = x ^ (x >> 15)
+                x = (x * H2) & M32
+                x = x ^ (x >> 15)
+                kept = tl.where((x >> 16) < threshold, p, 0.0)
+                acc_o = acc_o * alpha[:, None] + tl.dot(
+                    kept, v, input_precision="ieee", out_dtype=ACC
+                )
+            mu = mu_new
+        has = l_sum > 0
+        inv = tl.where(has, 1.0 / tl.where(has, l_sum, 1.0), 0.0)
+        rows = bh * T + offs_m
+        tl.store(M2 + rows, m2_sum * inv, mask=row_ok)
+        tl.store(PSQ + rows, p2_sum * inv * inv, mask=row_ok)
+        lse = tl.where(has, mu + tl.log(tl.where(has, l_sum, 1.0)), float("inf"))
+        tl.store(LSE + rows, lse, mask=row_ok)
+        out_ptr = rows[:, None] * DV + offs_v[None, :]
+        out_ok = row_ok[:, None] & (offs_v[None, :] < DV)
+        tl.store(EST + out_ptr, acc * inv[:, None], mask=out_ok)
+        if DROPOUT:
+            tl.store(OUT + out_ptr, acc_o * (inv * factor)[:, None], mask=out_ok)
+
+    def _bwd_dkdv_kernel(
+        Q, K, V, BIAS, ALLOWED, KVALID, SEED,
+        GE, GM, GP2, GO, C, LSE,
+        DK, DVV, DB,
+        sqb, sqh, sqt, sqd,
+        skb, skh, sks, skd,
+        svb, svh, svs, svd,
+        sbb, sbh, sbs,
+        sab, sat, sas,
+        skvb, skvs,
+        H, T, S, DH, DV, scale, threshold,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_KVALID: tl.constexpr,
+        CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    ):  # fmt: skip
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        hh = bh % H
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_DH)
+        offs_v = tl.arange(0, BLOCK_DV)
+        col_ok = offs_n < S
+        k = tl.load(
+            K + b * skb + hh * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
+            mask=col_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
+        ).to(ACC)  # (BLOCK_N, BLOCK_DH)  # fmt: skip
+        v = tl.load(
+            V + b * svb + hh * svh + offs_n[:, None] * svs + offs_v[None, :] * svd,
+            mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0,
+        ).to(ACC)  # (BLOCK_N, BLOCK_DV)  # fmt: skip
+        vsq = tl.sum(v * v, 1) / DV
+        bias = tl.zeros([BLOCK_N], ACC)
+        if HAS_BIAS:
+            bias = tl.load(BIAS + b * sbb + hh * sbh + offs_n * sbs, mask=col_ok, other=0.0)
+            bias = bias.to(ACC)
+        kv_ok = col_ok
+        if HAS_KVALID:
+            kv = tl.load(KVALID + b * skvb + offs_n * skvs, mask=col_ok, other=0)
+            kv_ok = kv_ok & (kv != 0)
+        stream = tl.zeros([1], tl.int64)
+        if DROPOUT:
+            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * GOLDEN) & M32
+            x = x ^ (x >> 16)
+            x = (x * H1) & M32
+            x = x ^ (x >> 15)
+            x = (x * H2) & M32
+            stream = x ^ (x >> 15)
+        dk = tl.zeros([BLOCK_N, BLOCK_DH], ACC)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
+        dvsq = tl.zeros([BLOCK_N], ACC)
+        db = tl.zeros([BLOCK_N], ACC)
+        lo = 0
+        if CAUSAL:
+            lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
+        for start_m in range(lo, T, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < T
+            rows = bh * T + offs_m
+            q = tl.load(
+                Q + b * sqb + hh * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
+            ).to(ACC)  # fmt: skip
+            q = q * scale
+            s = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=ACC) + bias[None, :]
+            ok = row_ok[:, None] & kv_ok[None, :]
+            if HAS_ALLOWED:
+                a = tl.load(
+                    ALLOWED + b * sab + offs_m[:, None] * sat + offs_n[None, :] * sas,
+                    mask=ok, other=0,
+                )  # fmt: skip
+                ok = ok & (a != 0)
+            if CAUSAL:
+                ok = ok & (offs_n[None, :] <= offs_m[:, None])
+            lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+            ge = tl.load(
+                GE + rows[:, None] * DV + offs_v[None, :],
+                mask=row_ok[:, None] & (offs_v[None, :] < DV), other=0.0,
+            )  # fmt: skip
+            gm = tl.load(GM + rows, mask=row_ok, other=0.0)
+            gp2 = tl.load(GP2 + rows, mask=row_ok, other=0.0)
+            c = tl.load(C + rows, mask=row_ok, other=0.0)
+            grad = tl.dot(ge, tl.trans(v), input_precision="ieee", out_dtype=ACC)
+            grad = grad + gm[:, None] * vsq[None, :] + gp2[:, None] * p
+            if DROPOUT:
+                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & M32
+                x = pos ^ stream
+                x = x ^ (x >> 16)
+                x = (x * H1) & M32
+                x = x ^ (x >> 15)
+                x = (x * H2) & M32
+                x = x ^ (x >> 15)
+                keep = (x >> 16) < threshold
+                go = tl.load(
+                    GO + rows[:, None] * DV + offs_v[None, :],
+                    mask=row_ok[:, None] & (offs_v[None, :] < DV), other=0.0,
+                )  # fmt: skip
+                from_out = tl.dot(go, tl.trans(v), input_precision="ieee", out_dtype=ACC)
+                grad = grad + tl.where(keep, from_out, 0.0)
+                kept = tl.where(keep, p, 0.0)
+                dv += tl.dot(tl.trans(kept), go, input_precision="ieee", out_dtype=ACC)
+            ds = p * (grad - c[:, None])
+            dk += tl.dot(tl.trans(ds), q, input_precision="ieee", out_dtype=ACC)
+            dv += tl.dot(tl.trans(p), ge, input_precision="ieee", out_dtype=ACC)
+            dvsq += tl.sum(p * gm[:, None], 0)
+            db += tl.sum(ds, 0)
+        dv = dv + dvsq[:, None] * (2.0 / DV) * v
+        cols = bh * S + offs_n
+        tl.store(
+            DK + cols[:, None] * DH + offs_d[None, :], dk,
+            mask=col_ok[:, None] & (offs_d[None, :] < DH),
+        )  # fmt: skip
+        tl.store(
+            DVV + cols[:, None] * DV + offs_v[None, :], dv,
+            mask=col_ok[:, None] & (offs_v[None, :] < DV),
+        )  # fmt: skip
+        if HAS_BIAS:
+            tl.store(DB + cols, db, mask=col_ok)
+
+    def _bwd_dq_kernel(
+        Q, K, V, BIAS, ALLOWED, KVALID, SEED,
+        GE, GM, GP2, GO, C, LSE,
+        DQ,
+        sqb, sqh, sqt, sqd,
+        skb, skh, sks, skd,
+        svb, svh, svs, svd,
+        sbb, sbh, sbs,
+        sab, sat, sas,
+        skvb, skvs,
+        H, T, S, DH, DV, scale, threshold,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_KVALID: tl.constexpr,
+        CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    ):  # fmt: skip
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        hh = bh % H
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_DH)
+        offs_v = tl.arange(0, BLOCK_DV)
+        row_ok = offs_m < T
+        rows = bh * T + offs_m
+        q = tl.load(
+            Q + b * sqb + hh * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+            mask=row_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
+        ).to(ACC)  # fmt: skip
+        q = q * scale
+        vrow_ok = row_ok[:, None] & (offs_v[None, :] < DV)
+        ge = tl.load(GE + rows[:, None] * DV + offs_v[None, :], mask=vrow_ok, other=0.0)
+        gm = tl.load(GM + rows, mask=row_ok, other=0.0)
+        gp2 = tl.load(GP2 + rows, mask=row_ok, other=0.0)
+        c = tl.load(C + rows, mask=row_ok, other=0.0)
+        lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+        go = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+        stream = tl.zeros([1], tl.int64)
+        if DROPOUT:
+            go = tl.load(GO + rows[:, None] * DV + offs_v[None, :], mask=vrow_ok, other=0.0)
+            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * GOLDEN) & M32
+            x = x ^ (x >> 16)
+            x = (x * H1) & M32
+            x = x ^ (x >> 15)
+            x = (x * H2) & M32
+            stream = x ^ (x >> 15)
+        dq = tl.zeros([BLOCK_M, BLOCK_DH], ACC)
+        hi = S
+        if CAUSAL:
+            hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < S
+            k = tl.load(
+                K + b * skb + hh * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
+                mask=col_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
+            ).to(ACC)  # (BLOCK_N, BLOCK_DH)  # fmt: skip
+            v = tl.load(
+                V + b * svb + hh * svh + offs_n[:, None] * svs + offs_v[None, :] * svd,
+                mask=col_ok[:, None] & (offs_v[None, :] < DV), other=0.0,
+            ).to(ACC)  # (BLOCK_N, BLOCK_DV)  # fmt: skip
+            vsq = tl.sum(v * v, 1) / DV
+            s = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=ACC)
+            if HAS_BIAS:
+                bias = tl.load(BIAS + b * sbb + hh * sbh + offs_n * sbs, mask=col_ok, other=0.0)
+                s = s + bias.to(ACC)[None, :]
+            ok = row_ok[:, None] & col_ok[None, :]
+            if HAS_ALLOWED:
+                a = tl.load(
+                    ALLOWED + b * sab + offs_m[:, None] * sat + offs_n[None, :] * sas,
+                    mask=ok, other=0,
+                )  # fmt: skip
+                ok = ok & (a != 0)
+            if HAS_KVALID:
+                kv = tl.load(KVALID + b * skvb + offs_n * skvs, mask=col_ok, other=0)
+                ok = ok & (kv != 0)[None, :]
+            if CAUSAL:
+                ok = ok & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+            grad = tl.dot(ge, tl.trans(v), input_precision="ieee", out_dtype=ACC)
+            grad = grad + gm[:, None] * vsq[None, :] + gp2[:, None] * p
+            if DROPOUT:
+                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & M32
+                x = pos ^ stream
+                x = x ^ (x >> 16)
+                x = (x * H1) & M32
+                x = x ^ (x >> 15)
+                x = (x * H2) & M32
+                x = x ^ (x >> 15)
+                from_out = tl.dot(go, tl.trans(v), input_precision="ieee", out_dtype=ACC)
+                grad = grad + tl.where((x >> 16) < threshold, from_out, 0.0)
+            ds = p * (grad - c[:, None])
+            dq += tl.dot(ds, k, input_precision="ieee", out_dtype=ACC)
+        tl.store(
+            DQ + rows[:, None] * DH + offs_d[None, :], dq * scale,
+            mask=row_ok[:, None] & (offs_d[None, :] < DH),
+        )  # fmt: skip
+
+
+_KERNELS: dict[bool, SimpleNamespace] = {}
+
+
+def _kernels(interpret: bool) -> SimpleNamespace:
+    """The three kernels, JIT-compiled or (CPU tensors) wrapped for the interpreter."""
+    if interpret not in _KERNELS:
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction as wrap
+        else:
+            wrap = triton.jit
+        _KERNELS[interpret] = SimpleNamespace(
+            fwd=wrap(_fwd_kernel), dkdv=wrap(_bwd_dkdv_kernel), dq=wrap(_bwd_dq_kernel)
+        )
+    return _KERNELS[interpret]
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, (n - 1).bit_length()))
+
+
+def _launch_args(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    allowed: Tensor | None,
+    key_valid: Tensor | None,
+    seed: Tensor | None,
+) -> tuple[list[Any], list[Any]]:
+    """The pointer arguments (dummies where absent) and the strides of every input."""
+    b = q.shape[0]
+    dummy = q
+    allowed_u8 = allowed.view(torch.uint8) if allowed is not None else None
+    kv_u8 = key_valid.view(torch.uint8) if key_valid is not None else None
+    ptrs = [
+        q, k, v,
+        bias if bias is not None else dummy,
+        allowed_u8 if allowed_u8 is not None else dummy,
+        kv_u8 if kv_u8 is not None else dummy,
+        seed if seed is not None else q.new_zeros(1, dtype=torch.int64),
+    ]  # fmt: skip
+    strides: list[Any] = [*q.stride(), *k.stride(), *v.stride()]
+    strides += [*bias.stride()] if bias is not None else [0, 0, 0]
+    if allowed_u8 is not None:
+        batch_stride = allowed_u8.stride(0) if allowed_u8.shape[0] == b else 0
+        strides += [batch_stride, allowed_u8.stride(2), allowed_u8.stride(3)]
+    else:
+        strides += [0, 0, 0]
+    strides += [*kv_u8.stride()] if kv_u8 is not None else [0, 0]
+    return ptrs, strides
+
+
+def _block_sizes(q: Tensor, v: Tensor, block: int) -> tuple[int, int, int, int]:
+    dh, dv = q.shape[-1], v.shape[-1]
+    blk = _pow2(block)
+    return blk, blk, _pow2(dh), _pow2(dv)
+
+
+def _acc_dtype(q: Tensor) -> Any:
+    return tl.float64 if q.dtype == torch.float64 else tl.float32
+
+
+def triton_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    allowed: Tensor | None,
+    key_valid: Tensor | None,
+    seed: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    block: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward as :func:`blockwise.blockwise_forward`, by the Triton kernels
+    (the blockwise version where they do not run: :func:`uses_triton`)."""
+    if not uses_triton(q):
+        return blockwise_forward(q, k, v, bias, allowed, key_valid, seed, is_causal,
+                                 dropout_p, block)  # fmt: skip
+    b, h, t, dh = q.shape
+    s, dv = k.shape[2], v.shape[3]
+    est = q.new_empty(b, h, t, dv)
+    m2, psq, lse = (q.new_empty(b, h, t) for _ in range(3))
+    drop = dropout_p > 0
+    out = q.new_empty(b, h, t, dv) if drop else q.new_empty(0)
+    threshold, factor = keep_threshold(dropout_p)
+    ptrs, strides = _launch_args(q, k, v, bias, allowed, key_valid, seed)
+    bm, bn, bdh, bdv = _block_sizes(q, v, block)
+    kern = _kernels(q.device.type == "cpu")
+    grid = (triton.cdiv(t, bm), b * h)
+    kern.fwd[grid](
+        *ptrs, est, m2, psq, lse, out if drop else est, *strides,
+        h, t, s, dh, dv, 1.0 / dh**0.5, threshold, factor,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv,
+        HAS_BIAS=bias is not None, HAS_ALLOWED=allowed is not None,
+        HAS_KVALID=key_valid is not None, CAUSAL=is_causal, DROPOUT=drop, ACC=_acc_dtype(q),
+    )  # fmt: skip
+    return est, m2, psq, lse, out
+
+
+def triton_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    allowed: Tensor | None,
+    key_valid: Tensor | None,
+    seed: Tensor | None,
+    estimate: Tensor,
+    second_moment: Tensor,
+    sum_p_sq: Tensor,
+    lse: Tensor,
+    out: Tensor,
+    g_est: Tensor | None,
+    g_m2: Tensor | None,
+    g_p: Tensor | None,
+    g_out: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    block: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward as :func:`blockwise.blockwise_backward`, by the Triton kernels."""
+    if not uses_triton(q):
+        return blockwise_backward(q, k, v, bias, allowed, key_valid, seed, estimate,
+                                  second_moment, sum_p_sq, lse, out, g_est, g_m2, g_p,
+                                  g_out, is_causal, dropout_p, block)  # fmt: skip
+    b, h, t, dh = q.shape
+    s, dv = k.shape[2], v.shape[3]
+    g_e = torch.zeros_like(estimate) if g_est is None else g_est.contiguous()
+    g_m = torch.zeros_like(second_moment) if g_m2 is None else g_m2.contiguous()
+    g_pp = torch.zeros_like(sum_p_sq) if g_p is None else g_p
+    drop = dropout_p > 0 and g_out is not None
+    threshold, factor = keep_threshold(dropout_p)
+    c = backward_row_sums(g_e, g_m, g_pp, g_out if drop else None, estimate, second_moment,
+                          sum_p_sq, out)  # fmt: skip
+    c = torch.where(torch.isinf(lse), 0.0, c).contiguous()
+    gp2 = (2.0 * g_pp).contiguous()
+    go = (g_out * factor).contiguous() if drop and g_out is not None else g_e
+    dq = q.new_empty(b, h, t, dh)
+    dk = q.new_empty(b, h, s, dh)
+    dvv = q.new_empty(b, h, s, dv)
+    db = q.new_empty(b, h, s) if bias is not None else q.new_empty(0)
+    ptrs, strides = _launch_args(q, k, v, bias, allowed, key_valid, seed)
+    bm, bn, bdh, bdv = _block_sizes(q, v, block)
+    kern = _kernels(q.device.type == "cpu")
+    common = dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv,
+        HAS_BIAS=bias is not None, HAS_ALLOWED=allowed is not None,
+        HAS_KVALID=key_valid is not None, CAUSAL=is_causal, DROPOUT=drop, ACC=_acc_dtype(q),
+    )  # fmt: skip
+    grads = [g_e, g_m, gp2, go, c, lse.contiguous()]
+    scalars = [h, t, s, dh, dv, 1.0 / dh**0.5, threshold]
+    kern.dkdv[(triton.cdiv(s, bn), b * h)](
+        *ptrs, *grads, dk, dvv, db if bias is not None else dk, *strides, *scalars, **common
+    )
+    kern.dq[(triton.cdiv(t, bm), b * h)](*ptrs, *grads, dq, *strides, *scalars, **common)
+    return dq, dk, dvv, db
+
+
+kriging_fused_op = define_kriging_op("kriging_fused", triton_forward, triton_backward)
+
+DEFAULT_TRITON_BLOCK = 64
+
+
+def fused_kriging_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    dropout_p: float,
+    block_size: int | None = None,
+    *,
+    key_valid: Tensor | None = None,
+    is_causal: bool = False,
+) -> Outputs:
+    """Kriging attention by the fused kernel; the arguments and returns of
+    :func:`blockwise.blockwise_attention`.
+
+    ``block_size``: query and key block of the Triton kernels (a power of two, at
+    least 16; None: 64), or the key block of the blockwise version where it runs
+    instead (None: ``blockwise.DEFAULT_BLOCK``).
+    """
+    if block_size is None:
+        block_size = DEFAULT_TRITON_BLOCK if uses_triton(q) else 128
+    q, k, v, bias, seed = prepare(q, k, v, bias, allowed, dropout_p, block_size, key_valid,
+                                  is_causal)  # fmt: skip
+    est, m2, psq, _, out = kriging_fused_op(
+        q, k, v, bias, allowed, key_valid, seed, is_causal, float(dropout_p), int(block_size)
+    )
+    return (out if dropout_p > 0 else est), est, m2, psq
