@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-DEFAULT_BLOCK = 128
+DEFAULT_BLOCK = 64
 _MASK_LEVELS = 1 << 16  # the keep probability's resolution (as nn.chunked)
 _M32 = 0xFFFFFFFF
 # a two-round 32-bit integer hash (xor-shift-multiply; both multipliers below 2^31,
@@ -177,11 +177,11 @@ def _first_row(is_causal: bool, c0: int) -> int:
 
 
 def _scores(
-    qs: Tensor, k: Tensor, bias: Tensor | None, mask: Tensor | None, cols: tuple[int, int]
+    q: Tensor, k_blk: Tensor, bias: Tensor | None, mask: Tensor | None, cols: tuple[int, int]
 ) -> Tensor:
-    """``qs @ k[cols]^T + bias[cols]`` with blocked entries at -inf: (B, H, rows, cols)."""
+    """``q @ k_blk^T + bias[cols]`` with blocked entries at -inf: (B, H, rows, cols)."""
     c0, c1 = cols
-    s = qs @ k[:, :, c0:c1].transpose(-1, -2)
+    s = q @ k_blk.transpose(-1, -2)
     if bias is not None:
         s.add_(bias[:, :, None, c0:c1])
     if mask is not None:
@@ -206,13 +206,13 @@ def blockwise_forward(
     output with dropout (B, H, T, d_v; an empty tensor when ``dropout_p == 0``)."""
     b, h, t, dh = q.shape
     s, dv = k.shape[2], v.shape[3]
+    scale = 1.0 / math.sqrt(dh)
     with torch.autocast(q.device.type, enabled=False):
-        qs = q * (1.0 / math.sqrt(dh))
-        v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         mu = q.new_full((b, h, t), float("-inf"))
         l_sum = q.new_zeros(b, h, t)
         p2_sum = q.new_zeros(b, h, t)
-        acc = q.new_zeros(b, h, t, dv + 1)
+        acc = q.new_zeros(b, h, t, dv)
+        acc_m = q.new_zeros(b, h, t)
         drop = dropout_p > 0
         acc_o = q.new_zeros(b, h, t, dv) if drop else q.new_empty(0)
         threshold, factor = keep_threshold(dropout_p)
@@ -223,7 +223,8 @@ def blockwise_forward(
             if r0 >= t:
                 break
             mask = _block_allowed(allowed, key_valid, is_causal, (r0, t), (c0, c1))
-            p = _scores(qs[:, :, r0:], k, bias, mask, (c0, c1))
+            v_blk = v[:, :, c0:c1]
+            p = _scores(q[:, :, r0:], k[:, :, c0:c1] * scale, bias, mask, (c0, c1))
             mu_old = mu[:, :, r0:]
             mu_new = torch.maximum(mu_old, p.amax(dim=-1))
             # a row with no key so far keeps mu = -inf; its weights are exp(-inf) = 0
@@ -233,19 +234,21 @@ def blockwise_forward(
             l_sum[:, :, r0:].mul_(alpha).add_(p.sum(dim=-1))
             p2 = (p.unsqueeze(-2) @ p.unsqueeze(-1)).view_as(alpha)
             p2_sum[:, :, r0:].mul_(alpha.square()).add_(p2)
-            acc[:, :, r0:].mul_(alpha[..., None]).add_(p @ v_aug[:, :, c0:c1])
+            acc[:, :, r0:].mul_(alpha[..., None]).add_(p @ v_blk)
+            vsq = v_blk.square().mean(dim=-1)  # (B, H, cols)
+            acc_m[:, :, r0:].mul_(alpha).add_((p @ vsq.unsqueeze(-1)).view_as(alpha))
             if streams is not None:
                 keep = keep_mask(streams, (r0, t), (c0, c1), s, threshold)
                 kept = p.masked_fill_(~keep.view(b, h, t - r0, c1 - c0), 0.0)
-                acc_o[:, :, r0:].mul_(alpha[..., None]).add_(kept @ v[:, :, c0:c1])
+                acc_o[:, :, r0:].mul_(alpha[..., None]).add_(kept @ v_blk)
             mu[:, :, r0:] = mu_new
         has = l_sum > 0
-        inv = torch.where(has, 1.0 / l_sum.clamp_min(torch.finfo(q.dtype).tiny), 0.0)
-        acc.mul_(inv[..., None])
-        estimate = acc[..., :dv].contiguous()
-        second_moment = acc[..., dv].contiguous()
+        tiny = torch.finfo(q.dtype).tiny
+        inv = torch.where(has, 1.0 / l_sum.clamp_min(tiny), 0.0)
+        estimate = acc.mul_(inv[..., None])
+        second_moment = acc_m.mul_(inv)
         sum_p_sq = p2_sum.mul_(inv.square())
-        lse = torch.where(has, mu + torch.log(l_sum.clamp_min(torch.finfo(q.dtype).tiny)), torch.inf)
+        lse = torch.where(has, mu + torch.log(l_sum.clamp_min(tiny)), torch.inf)
         if drop:
             acc_o.mul_((inv * factor)[..., None])
     return estimate, second_moment, sum_p_sq, lse, acc_o
@@ -311,10 +314,7 @@ def blockwise_backward(
         c = backward_row_sums(g_e, g_m, g_pp, g_out if drop else None, estimate,
                               second_moment, sum_p_sq, out)  # fmt: skip
         c = torch.where(torch.isinf(lse), 0.0, c)
-        ge_aug = torch.cat([g_e, g_m[..., None]], dim=-1)  # (B, H, T, d_v + 1)
-        v_aug = torch.cat([v, v.square().mean(dim=-1, keepdim=True)], dim=-1)
         gp2 = 2.0 * g_pp
-        qs = q * scale
         threshold, factor = keep_threshold(dropout_p)
         streams = row_streams(_seed_int(seed), b * h, q.device) if drop else None
         go = g_out * factor if drop and g_out is not None else None
@@ -328,26 +328,37 @@ def blockwise_backward(
             if r0 >= t:
                 break
             mask = _block_allowed(allowed, key_valid, is_causal, (r0, t), (c0, c1))
-            p = _scores(qs[:, :, r0:], k, bias, mask, (c0, c1))
+            k_blk, v_blk = k[:, :, c0:c1], v[:, :, c0:c1]
+            q_rows = q[:, :, r0:]
+            p = _scores(q_rows, k_blk * scale, bias, mask, (c0, c1))
             p.sub_(lse[:, :, r0:, None]).exp_()  # the weights, 0 where blocked or empty
-            grad = ge_aug[:, :, r0:] @ v_aug[:, :, c0:c1].transpose(-1, -2)
+            vsq = v_blk.square().mean(dim=-1)  # (B, H, cols)
+            # G = g_e v^T + g_M ||v||^2 / d_v + 2 g_P p (+ the dropout term below)
+            grad = g_e[:, :, r0:] @ v_blk.transpose(-1, -2)
+            grad.addcmul_(g_m[:, :, r0:, None], vsq[:, :, None, :])
             grad.addcmul_(p, gp2[:, :, r0:, None])
-            dva = p.transpose(-1, -2) @ ge_aug[:, :, r0:]  # (B, H, cols, d_v + 1)
-            dv_blk = dva[..., :dv].addcmul_(dva[..., dv:], v[:, :, c0:c1], value=2.0 / dv)
+            pt = p.transpose(-1, -2)
+            # dv = p^T g_e + (p^T g_M) 2 v / d_v
+            dv_blk = torch.addcmul(
+                pt @ g_e[:, :, r0:], pt @ g_m[:, :, r0:, None], v_blk, value=2.0 / dv
+            )
             if streams is not None and go is not None:
                 keep = keep_mask(streams, (r0, t), (c0, c1), s, threshold)
                 keep = keep.view(b, h, t - r0, c1 - c0)
-                from_out = go[:, :, r0:] @ v[:, :, c0:c1].transpose(-1, -2)
+                from_out = go[:, :, r0:] @ v_blk.transpose(-1, -2)
                 grad.add_(from_out.masked_fill_(~keep, 0.0))
-                kept = p.masked_fill(~keep, 0.0)
-                dv_blk.add_(kept.transpose(-1, -2) @ go[:, :, r0:])
+                del from_out
+                dv_blk.add_(p.masked_fill(~keep, 0.0).transpose(-1, -2) @ go[:, :, r0:])
             ds = grad.sub_(c[:, :, r0:, None]).mul_(p)
-            dq[:, :, r0:].add_(ds @ k[:, :, c0:c1])
-            dk[:, :, c0:c1] = ds.transpose(-1, -2) @ qs[:, :, r0:]
+            del p, pt
+            dq[:, :, r0:].add_(ds @ k_blk)
+            dk[:, :, c0:c1] = ds.transpose(-1, -2) @ q_rows
             dv_out[:, :, c0:c1] = dv_blk
             if bias is not None:
                 dbias[:, :, c0:c1] = ds.sum(dim=-2)
+            del ds, grad
         dq.mul_(scale)
+        dk.mul_(scale)
     return dq, dk, dv_out, dbias
 
 
@@ -436,9 +447,7 @@ def define_kriging_op(name: str, forward: ForwardImpl, backward: BackwardImpl) -
     return fwd_op
 
 
-kriging_blockwise_op = define_kriging_op(
-    "kriging_blockwise", blockwise_forward, blockwise_backward
-)
+kriging_blockwise_op = define_kriging_op("kriging_blockwise", blockwise_forward, blockwise_backward)
 
 
 def prepare(

@@ -25,7 +25,9 @@ slow) and the blockwise PyTorch version otherwise, which is also the path
 without Triton. Triton is an optional dependency: this module imports without it.
 """
 
+import importlib.util
 import os
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,6 +39,7 @@ from bft_lightning.nn.kernels.blockwise import (
     _H1,
     _H2,
     _M32,
+    DEFAULT_BLOCK,
     Outputs,
     backward_row_sums,
     blockwise_backward,
@@ -46,13 +49,22 @@ from bft_lightning.nn.kernels.blockwise import (
     prepare,
 )
 
-try:
-    import triton
-    import triton.language as tl
+# Triton is optional (the "triton" extra) and imported on first use only: its
+# interpreter mode is fixed when it is imported (TRITON_INTERPRET), and importing
+# this module must not fix it
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+triton: Any = None
+tl: Any = None
 
-    HAVE_TRITON = True
-except ImportError:  # Triton is optional (the "triton" extra)
-    HAVE_TRITON = False
+
+def _import_triton() -> None:
+    global triton, tl
+    if triton is None:
+        import triton as triton_module
+        import triton.language as tl_module
+
+        triton, tl = triton_module, tl_module
+
 
 # constants as plain ints inside the kernels (Triton reads module globals only as
 # constexpr objects or literals)
@@ -69,14 +81,34 @@ def interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def uses_triton(x: Tensor) -> bool:
-    """Whether a call on ``x`` runs the Triton kernels (else the blockwise version)."""
+def triton_interpreted() -> bool:
+    """Whether Triton is (or, not yet imported, will be) in its interpreter mode:
+    the mode is fixed when ``triton`` is first imported, by ``TRITON_INTERPRET``
+    then (``torch.compile`` may import it first, in compiled mode)."""
     if not HAVE_TRITON:
         return False
-    return x.device.type == "cuda" or (x.device.type == "cpu" and interpret_requested())
+    if "triton" not in sys.modules:
+        return interpret_requested()
+    _import_triton()
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.sum, InterpretedFunction)
 
 
-if HAVE_TRITON:
+def uses_triton(x: Tensor) -> bool:
+    """Whether a call on ``x`` runs the Triton kernels (else the blockwise version):
+    CUDA tensors with Triton installed, and CPU tensors when ``TRITON_INTERPRET=1``
+    is set and Triton runs interpreted."""
+    if not HAVE_TRITON:
+        return False
+    if x.device.type == "cuda":
+        return True
+    return x.device.type == "cpu" and interpret_requested() and triton_interpreted()
+
+
+def _define_kernels() -> SimpleNamespace:
+    """The kernels' Python functions (Triton imported first: their annotations read it)."""
+    _import_triton()
 
     def _fwd_kernel(
         Q, K, V, BIAS, ALLOWED, KVALID, SEED,
@@ -294,7 +326,7 @@ if HAVE_TRITON:
             dv += tl.dot(tl.trans(p), ge, input_precision="ieee", out_dtype=ACC)
             dvsq += tl.sum(p * gm[:, None], 0)
             db += tl.sum(ds, 0)
-        dv = dv + dvsq[:, None] * (2.0 / DV) * v
+        dv = dv + dvsq[:, None] * 2.0 * v / DV
         cols = bh * S + offs_n
         tl.store(
             DK + cols[:, None] * DH + offs_d[None, :], dk,
@@ -405,6 +437,8 @@ if HAVE_TRITON:
             mask=row_ok[:, None] & (offs_d[None, :] < DH),
         )  # fmt: skip
 
+    return SimpleNamespace(fwd=_fwd_kernel, dkdv=_bwd_dkdv_kernel, dq=_bwd_dq_kernel)
+
 
 _KERNELS: dict[bool, SimpleNamespace] = {}
 
@@ -412,12 +446,13 @@ _KERNELS: dict[bool, SimpleNamespace] = {}
 def _kernels(interpret: bool) -> SimpleNamespace:
     """The three kernels, JIT-compiled or (CPU tensors) wrapped for the interpreter."""
     if interpret not in _KERNELS:
+        fns = _define_kernels()
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction as wrap
         else:
             wrap = triton.jit
         _KERNELS[interpret] = SimpleNamespace(
-            fwd=wrap(_fwd_kernel), dkdv=wrap(_bwd_dkdv_kernel), dq=wrap(_bwd_dq_kernel)
+            fwd=wrap(fns.fwd), dkdv=wrap(fns.dkdv), dq=wrap(fns.dq)
         )
     return _KERNELS[interpret]
 
@@ -590,7 +625,7 @@ def fused_kriging_attention(
     instead (None: ``blockwise.DEFAULT_BLOCK``).
     """
     if block_size is None:
-        block_size = DEFAULT_TRITON_BLOCK if uses_triton(q) else 128
+        block_size = DEFAULT_TRITON_BLOCK if uses_triton(q) else DEFAULT_BLOCK
     q, k, v, bias, seed = prepare(q, k, v, bias, allowed, dropout_p, block_size, key_valid,
                                   is_causal)  # fmt: skip
     est, m2, psq, _, out = kriging_fused_op(
