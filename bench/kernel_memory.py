@@ -73,10 +73,10 @@ def _worker(path: str, b: int, t: int, h: int, dh: int, dropout: float, block: i
             if path == "chunked":
                 outs = chunked_attention(q, k, v, allowed, bias, dropout, 256)
             elif path == "blockwise":
-                outs = blockwise_attention(q, k, v, allowed, bias, dropout, block)
+                outs = blockwise_attention(q, k, v, allowed, bias, dropout, block or None)
             else:
                 outs = blockwise_attention(
-                    q, k, v, None, bias, dropout, block, key_valid=valid, is_causal=True
+                    q, k, v, None, bias, dropout, block or None, key_valid=valid, is_causal=True
                 )
             loss = sum((o * w).sum() for o, w in zip(outs, weights, strict=True))
             grads = torch.autograd.grad(loss, (q, k, v, bias))
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--block", type=int, default=128, help="blockwise key block")
+    parser.add_argument("--block", type=int, default=0, help="blockwise key block (0: default)")
     parser.add_argument("--shapes", nargs="*", default=[f"{b},{t}" for b, t in SHAPES],
                         help="B,T pairs")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="append the table here")
@@ -123,12 +123,14 @@ def main() -> None:
         return
     lines = [
         f"H = {args.heads}, d_h = {args.head_dim}, causal, left padding in half the rows, "
-        f"dropout {args.dropout}, blockwise key block {args.block}; "
-        "peak RSS above the inputs over one forward + backward (MB), and on/off",
+        f"dropout {args.dropout}, blockwise key block {args.block or 'default (2 d_h)'}; "
+        "peak RSS above the inputs over one forward + backward (MB), its ratio to the off "
+        "twin's, and that call's time (s, one run, 1 thread)",
         "",
         "| B, T | " + " | ".join(f"{p} MB" for p in PATHS) + " | "
-        + " | ".join(f"{p} / off" for p in PATHS[1:]) + " |",
-        "|---" * (2 * len(PATHS)) + "|",
+        + " | ".join(f"{p} / off" for p in PATHS[1:]) + " | "
+        + " | ".join(f"{p} s" for p in PATHS) + " |",
+        "|---" * (3 * len(PATHS)) + "|",
     ]  # fmt: skip
     for shape in args.shapes:
         b, t = (int(x) for x in shape.split(","))
@@ -136,7 +138,8 @@ def main() -> None:
         mb = [res[p]["peak_mb"] for p in PATHS]
         ratios = [m / mb[0] for m in mb[1:]]
         row = f"| {b}, {t} | " + " | ".join(f"{m:.1f}" for m in mb) + " | "
-        row += " | ".join(f"{r:.2f}" for r in ratios) + " |"
+        row += " | ".join(f"{r:.2f}" for r in ratios) + " | "
+        row += " | ".join(f"{res[p]['seconds']:.3f}" for p in PATHS) + " |"
         lines.append(row)
         print(row, flush=True)
     text = "\n".join(lines) + "\n"

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-DEFAULT_BLOCK = 64
+DEFAULT_BLOCK = 64  # for d_h = 32; see default_block
 _MASK_LEVELS = 1 << 16  # the keep probability's resolution (as nn.chunked)
 _M32 = 0xFFFFFFFF
 # a two-round 32-bit integer hash (xor-shift-multiply; both multipliers below 2^31,
@@ -59,6 +59,13 @@ _H1, _H2 = 0x21F0AAAD, 0x735A2D97
 _GOLDEN = 0x9E3779B9
 
 Outputs = tuple[Tensor, Tensor, Tensor, Tensor]
+
+
+def default_block(head_dim: int) -> int:
+    """The key block when none is given: ``2 d_h`` within [16, 256]. A block's
+    (T x block) temporaries then weigh about as much as the (T x d_h) gradients
+    of q, k and v, what the off twin's fused kernel holds (results/perf/kernels.md)."""
+    return min(256, max(16, 2 * head_dim))
 
 
 def mix32(x: Tensor) -> Tensor:
@@ -483,7 +490,7 @@ def blockwise_attention(
     allowed: Tensor | None,
     bias: Tensor | None,
     dropout_p: float,
-    block_size: int = DEFAULT_BLOCK,
+    block_size: int | None = None,
     *,
     key_valid: Tensor | None = None,
     is_causal: bool = False,
@@ -498,8 +505,11 @@ def blockwise_attention(
     the output with dropout (B, H, T, d_v; the estimate itself when
     ``dropout_p == 0``), the estimate ``sum_j p v_j`` (B, H, T, d_v), the second
     moment ``sum_j p ||v_j||^2 / d_v`` (B, H, T) and ``sum_j p^2`` (B, H, T);
-    rows with no allowed key give 0 everywhere.
+    rows with no allowed key give 0 everywhere. ``block_size``: keys per block
+    (None: :func:`default_block`).
     """
+    if block_size is None:
+        block_size = default_block(q.shape[-1])
     q, k, v, bias, seed = prepare(q, k, v, bias, allowed, dropout_p, block_size, key_valid,
                                   is_causal)  # fmt: skip
     est, m2, psq, _, out = kriging_blockwise_op(

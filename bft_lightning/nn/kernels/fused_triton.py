@@ -39,11 +39,11 @@ from bft_lightning.nn.kernels.blockwise import (
     _H1,
     _H2,
     _M32,
-    DEFAULT_BLOCK,
     Outputs,
     backward_row_sums,
     blockwise_backward,
     blockwise_forward,
+    default_block,
     define_kriging_op,
     keep_threshold,
     prepare,
@@ -622,10 +622,10 @@ def fused_kriging_attention(
 
     ``block_size``: query and key block of the Triton kernels (a power of two, at
     least 16; None: 64), or the key block of the blockwise version where it runs
-    instead (None: ``blockwise.DEFAULT_BLOCK``).
+    instead (None: ``blockwise.default_block``).
     """
     if block_size is None:
-        block_size = DEFAULT_TRITON_BLOCK if uses_triton(q) else DEFAULT_BLOCK
+        block_size = DEFAULT_TRITON_BLOCK if uses_triton(q) else default_block(q.shape[-1])
     q, k, v, bias, seed = prepare(q, k, v, bias, allowed, dropout_p, block_size, key_valid,
                                   is_causal)  # fmt: skip
     est, m2, psq, _, out = kriging_fused_op(

@@ -1,15 +1,16 @@
 """The fused Triton kernel against the reference, on a CPU under ``TRITON_INTERPRET=1``.
 
 The interpreter runs the kernels' Python one block at a time, so the shapes
-are small; a GPU run of these tests (same code, CUDA tensors) is in
-``bench/cuda_fast_path.py``.
+are small; the same comparison on CUDA tensors is in ``bench/cuda_fast_path.py``.
+Triton's interpreter mode is fixed when ``triton`` is first imported, and
+``torch._dynamo`` imports it (in compiled mode) on its own import: the
+``conftest.py`` of this folder imports it interpreted first when this folder is
+collected on its own; in a whole-suite run set ``TRITON_INTERPRET=1`` in the
+environment (CI: ``TRITON_INTERPRET=1 pytest tests/nn/kernels``), else these
+tests skip and say so.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-from importlib.util import find_spec
 
 import pytest
 import torch
@@ -19,27 +20,6 @@ from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.kernels import fused_triton
 from bft_lightning.nn.kernels.blockwise import blockwise_attention
 from bft_lightning.nn.kernels.fused_triton import fused_kriging_attention, triton_available
-
-
-def _import_triton_interpreted() -> None:
-    """Import Triton in its interpreter mode now, at collection, on a machine
-    without CUDA: the mode is fixed at Triton's first import (TRITON_INTERPRET),
-    and torch.compile, run by earlier tests, imports it in compiled mode. The
-    variable is set back afterwards, so only these tests run the kernels on a CPU."""
-    if "triton" in sys.modules or torch.cuda.is_available() or find_spec("triton") is None:
-        return
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton.language  # noqa: F401
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-_import_triton_interpreted()
 
 needs_triton = pytest.mark.skipif(
     not triton_available(),
