@@ -239,7 +239,7 @@ def blockwise_forward(
             alpha = torch.exp(mu_old - mu_safe)
             p.sub_(mu_safe[..., None]).exp_()  # the block's unnormalised weights
             l_sum[:, :, r0:].mul_(alpha).add_(p.sum(dim=-1))
-            p2 = (p.unsqueeze(-2) @ p.unsqueeze(-1)).view_as(alpha)
+            p2 = torch.linalg.vecdot(p, p)  # (a batched product of 1 x c rows is slow)
             p2_sum[:, :, r0:].mul_(alpha.square()).add_(p2)
             acc[:, :, r0:].mul_(alpha[..., None]).add_(p @ v_blk)
             vsq = v_blk.square().mean(dim=-1)  # (B, H, cols)
