@@ -291,3 +291,31 @@ def test_compiled_with_dropout_and_dynamic_lengths():
         grads = torch.autograd.grad(compiled(*leaves, valid), leaves)
         assert all(torch.isfinite(g).all() for g in grads)
     assert counter.frame_count == 1
+
+
+def test_a_layer_with_the_kernel_equals_the_chunked_layer(monkeypatch):
+    """A drop-in for the chunked call (same arguments and returns): a BFT encoder
+    layer gives the same output, precision and gradients (float64, padding, causal)."""
+    from bft_lightning.nn import BFTEncoderLayer, attention
+
+    torch.manual_seed(0)
+    layer = BFTEncoderLayer(16, 2, 32, dropout=0.0, precision="on", attention_impl="chunked")
+    layer = layer.double().eval()  # eval: the running sill stays as it is between the runs
+    h = torch.randn(3, 23, 16, dtype=torch.float64, requires_grad=True)
+    pad = torch.zeros(3, 23, dtype=torch.bool)
+    pad[0, :9] = True
+
+    def run():
+        y, lp = layer(h, None, key_padding_mask=pad, is_causal=True)
+        loss = (y * torch.cos(y)).sum() + lp[~pad].sum()
+        return loss, torch.autograd.grad(loss, [h, *layer.parameters()])
+
+    loss, grads = run()
+
+    def kernel(q, k, v, allowed, bias, dropout_p, chunk_size=256):
+        return blockwise_attention(q, k, v, allowed, bias, dropout_p, 5)
+
+    monkeypatch.setattr(attention, "chunked_attention", kernel)
+    loss_k, grads_k = run()
+    torch.testing.assert_close(loss_k, loss, rtol=0, atol=1e-10)
+    assert max_diff(grads_k, grads) < 1e-10
