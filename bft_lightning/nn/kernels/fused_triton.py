@@ -66,9 +66,9 @@ def _import_triton() -> None:
         triton, tl = triton_module, tl_module
 
 
-# constants as plain ints inside the kernels (Triton reads module globals only as
-# constexpr objects or literals)
-H1, H2, GOLDEN, M32 = _H1, _H2, _GOLDEN, _M32
+# the hash's constants appear as literals in the kernels (compiled Triton reads no
+# plain module globals): they must stay equal to blockwise's
+assert (_H1, _H2, _GOLDEN, _M32) == (0x21F0AAAD, 0x735A2D97, 0x9E3779B9, 0xFFFFFFFF)
 
 
 def triton_available() -> bool:
@@ -119,7 +119,7 @@ def _define_kernels() -> SimpleNamespace:
         sbb, sbh, sbs,
         sab, sat, sas,
         skvb, skvs,
-        H, T, S, DH, DV, scale, threshold, factor,
+        H, T, S, DH, DV, SCAL, threshold,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_KVALID: tl.constexpr,
@@ -137,7 +137,7 @@ def _define_kernels() -> SimpleNamespace:
             Q + b * sqb + hh * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
             mask=row_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
         ).to(ACC)  # fmt: skip
-        q = q * scale
+        q = q * tl.load(SCAL).to(ACC)  # SCAL: [1 / sqrt(d_h), dropout factor]
         mu = tl.full([BLOCK_M], float("-inf"), ACC)
         l_sum = tl.zeros([BLOCK_M], ACC)
         p2_sum = tl.zeros([BLOCK_M], ACC)
@@ -146,11 +146,11 @@ def _define_kernels() -> SimpleNamespace:
         acc_o = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
         stream = tl.zeros([1], tl.int64)
         if DROPOUT:
-            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * GOLDEN) & M32
+            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * 0x9E3779B9) & 0xFFFFFFFF
             x = x ^ (x >> 16)
-            x = (x * H1) & M32
+            x = (x * 0x21F0AAAD) & 0xFFFFFFFF
             x = x ^ (x >> 15)
-            x = (x * H2) & M32
+            x = (x * 0x735A2D97) & 0xFFFFFFFF
             stream = x ^ (x >> 15)
         hi = S
         if CAUSAL:
@@ -193,12 +193,12 @@ def _define_kernels() -> SimpleNamespace:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee", out_dtype=ACC)
             m2_sum = m2_sum * alpha + tl.sum(p * vsq[None, :], 1)
             if DROPOUT:
-                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & M32
+                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & 0xFFFFFFFF
                 x = pos ^ stream
                 x = x ^ (x >> 16)
-                x = (x * H1) & M32
+                x = (x * 0x21F0AAAD) & 0xFFFFFFFF
                 x = x ^ (x >> 15)
-                x = (x * H2) & M32
+                x = (x * 0x735A2D97) & 0xFFFFFFFF
                 x = x ^ (x >> 15)
                 kept = tl.where((x >> 16) < threshold, p, 0.0)
                 acc_o = acc_o * alpha[:, None] + tl.dot(
@@ -216,7 +216,7 @@ def _define_kernels() -> SimpleNamespace:
         out_ok = row_ok[:, None] & (offs_v[None, :] < DV)
         tl.store(EST + out_ptr, acc * inv[:, None], mask=out_ok)
         if DROPOUT:
-            tl.store(OUT + out_ptr, acc_o * (inv * factor)[:, None], mask=out_ok)
+            tl.store(OUT + out_ptr, acc_o * (inv * tl.load(SCAL + 1).to(ACC))[:, None], mask=out_ok)
 
     def _bwd_dkdv_kernel(
         Q, K, V, BIAS, ALLOWED, KVALID, SEED,
@@ -228,7 +228,7 @@ def _define_kernels() -> SimpleNamespace:
         sbb, sbh, sbs,
         sab, sat, sas,
         skvb, skvs,
-        H, T, S, DH, DV, scale, threshold,
+        H, T, S, DH, DV, SCAL, threshold,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_KVALID: tl.constexpr,
@@ -261,11 +261,11 @@ def _define_kernels() -> SimpleNamespace:
             kv_ok = kv_ok & (kv != 0)
         stream = tl.zeros([1], tl.int64)
         if DROPOUT:
-            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * GOLDEN) & M32
+            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * 0x9E3779B9) & 0xFFFFFFFF
             x = x ^ (x >> 16)
-            x = (x * H1) & M32
+            x = (x * 0x21F0AAAD) & 0xFFFFFFFF
             x = x ^ (x >> 15)
-            x = (x * H2) & M32
+            x = (x * 0x735A2D97) & 0xFFFFFFFF
             stream = x ^ (x >> 15)
         dk = tl.zeros([BLOCK_N, BLOCK_DH], ACC)
         dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
@@ -282,7 +282,7 @@ def _define_kernels() -> SimpleNamespace:
                 Q + b * sqb + hh * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
             ).to(ACC)  # fmt: skip
-            q = q * scale
+            q = q * tl.load(SCAL).to(ACC)
             s = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=ACC) + bias[None, :]
             ok = row_ok[:, None] & kv_ok[None, :]
             if HAS_ALLOWED:
@@ -305,12 +305,12 @@ def _define_kernels() -> SimpleNamespace:
             grad = tl.dot(ge, tl.trans(v), input_precision="ieee", out_dtype=ACC)
             grad = grad + gm[:, None] * vsq[None, :] + gp2[:, None] * p
             if DROPOUT:
-                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & M32
+                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & 0xFFFFFFFF
                 x = pos ^ stream
                 x = x ^ (x >> 16)
-                x = (x * H1) & M32
+                x = (x * 0x21F0AAAD) & 0xFFFFFFFF
                 x = x ^ (x >> 15)
-                x = (x * H2) & M32
+                x = (x * 0x735A2D97) & 0xFFFFFFFF
                 x = x ^ (x >> 15)
                 keep = (x >> 16) < threshold
                 go = tl.load(
@@ -349,7 +349,7 @@ def _define_kernels() -> SimpleNamespace:
         sbb, sbh, sbs,
         sab, sat, sas,
         skvb, skvs,
-        H, T, S, DH, DV, scale, threshold,
+        H, T, S, DH, DV, SCAL, threshold,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_ALLOWED: tl.constexpr, HAS_KVALID: tl.constexpr,
@@ -368,7 +368,7 @@ def _define_kernels() -> SimpleNamespace:
             Q + b * sqb + hh * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
             mask=row_ok[:, None] & (offs_d[None, :] < DH), other=0.0,
         ).to(ACC)  # fmt: skip
-        q = q * scale
+        q = q * tl.load(SCAL).to(ACC)
         vrow_ok = row_ok[:, None] & (offs_v[None, :] < DV)
         ge = tl.load(GE + rows[:, None] * DV + offs_v[None, :], mask=vrow_ok, other=0.0)
         gm = tl.load(GM + rows, mask=row_ok, other=0.0)
@@ -379,11 +379,11 @@ def _define_kernels() -> SimpleNamespace:
         stream = tl.zeros([1], tl.int64)
         if DROPOUT:
             go = tl.load(GO + rows[:, None] * DV + offs_v[None, :], mask=vrow_ok, other=0.0)
-            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * GOLDEN) & M32
+            x = (tl.load(SEED).to(tl.int64) + bh.to(tl.int64) * 0x9E3779B9) & 0xFFFFFFFF
             x = x ^ (x >> 16)
-            x = (x * H1) & M32
+            x = (x * 0x21F0AAAD) & 0xFFFFFFFF
             x = x ^ (x >> 15)
-            x = (x * H2) & M32
+            x = (x * 0x735A2D97) & 0xFFFFFFFF
             stream = x ^ (x >> 15)
         dq = tl.zeros([BLOCK_M, BLOCK_DH], ACC)
         hi = S
@@ -421,19 +421,19 @@ def _define_kernels() -> SimpleNamespace:
             grad = tl.dot(ge, tl.trans(v), input_precision="ieee", out_dtype=ACC)
             grad = grad + gm[:, None] * vsq[None, :] + gp2[:, None] * p
             if DROPOUT:
-                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & M32
+                pos = (offs_m[:, None].to(tl.int64) * S + offs_n[None, :]) & 0xFFFFFFFF
                 x = pos ^ stream
                 x = x ^ (x >> 16)
-                x = (x * H1) & M32
+                x = (x * 0x21F0AAAD) & 0xFFFFFFFF
                 x = x ^ (x >> 15)
-                x = (x * H2) & M32
+                x = (x * 0x735A2D97) & 0xFFFFFFFF
                 x = x ^ (x >> 15)
                 from_out = tl.dot(go, tl.trans(v), input_precision="ieee", out_dtype=ACC)
                 grad = grad + tl.where((x >> 16) < threshold, from_out, 0.0)
             ds = p * (grad - c[:, None])
             dq += tl.dot(ds, k, input_precision="ieee", out_dtype=ACC)
         tl.store(
-            DQ + rows[:, None] * DH + offs_d[None, :], dq * scale,
+            DQ + rows[:, None] * DH + offs_d[None, :], dq * tl.load(SCAL).to(ACC),
             mask=row_ok[:, None] & (offs_d[None, :] < DH),
         )  # fmt: skip
 
@@ -499,6 +499,12 @@ def _block_sizes(q: Tensor, v: Tensor, block: int) -> tuple[int, int, int, int]:
     return blk, blk, _pow2(dh), _pow2(dv)
 
 
+def _scalars(q: Tensor, factor: float) -> Tensor:
+    """``[1 / sqrt(d_h), dropout factor]`` in q's dtype on its device (a Python float
+    argument would reach a kernel as float32, also in a float64 kernel)."""
+    return torch.tensor([q.shape[-1] ** -0.5, factor], dtype=q.dtype, device=q.device)
+
+
 def _acc_dtype(q: Tensor) -> Any:
     return tl.float64 if q.dtype == torch.float64 else tl.float32
 
@@ -533,7 +539,7 @@ def triton_forward(
     grid = (triton.cdiv(t, bm), b * h)
     kern.fwd[grid](
         *ptrs, est, m2, psq, lse, out if drop else est, *strides,
-        h, t, s, dh, dv, 1.0 / dh**0.5, threshold, factor,
+        h, t, s, dh, dv, _scalars(q, factor), threshold,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv,
         HAS_BIAS=bias is not None, HAS_ALLOWED=allowed is not None,
         HAS_KVALID=key_valid is not None, CAUSAL=is_causal, DROPOUT=drop, ACC=_acc_dtype(q),
@@ -592,7 +598,7 @@ def triton_backward(
         HAS_KVALID=key_valid is not None, CAUSAL=is_causal, DROPOUT=drop, ACC=_acc_dtype(q),
     )  # fmt: skip
     grads = [g_e, g_m, gp2, go, c, lse.contiguous()]
-    scalars = [h, t, s, dh, dv, 1.0 / dh**0.5, threshold]
+    scalars = [h, t, s, dh, dv, _scalars(q, factor), threshold]
     kern.dkdv[(triton.cdiv(s, bn), b * h)](
         *ptrs, *grads, dk, dvv, db if bias is not None else dk, *strides, *scalars, **common
     )
