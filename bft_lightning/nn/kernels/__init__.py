@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from bft_lightning.nn.functional import upcast
-from bft_lightning.nn.kernels import chunked, reference
+from bft_lightning.nn.kernels import blockwise, chunked, fused_triton, reference
 from bft_lightning.nn.kernels.reference import KrigingStats, reference_attention, sdpa_attention
 
 KrigingKernel = Callable[
@@ -65,6 +65,10 @@ KERNELS: dict[str, Kernel] = {
     "reference": Kernel(reference.kriging),
     "chunked": Kernel(chunked.kriging, plain=sdpa_attention),
     "sdpa": Kernel(reference.kriging, plain=sdpa_attention),
+    # one pass over key blocks with an online softmax, no T x S block stored (custom ops)
+    "blockwise": Kernel(blockwise.kriging, plain=sdpa_attention),
+    # the same algorithm as Triton kernels on CUDA (blockwise on a CPU tensor)
+    "fused": Kernel(fused_triton.kriging, plain=sdpa_attention),
 }
 
 __all__ = ["KERNELS", "Kernel", "KrigingStats", "attend"]
