@@ -37,16 +37,18 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader
 
 from bft_lightning.utils.resume import ResumableDataLoader
 
+from . import shards
+from .arrays import ArrayDataset, Batch, collate_arrays  # noqa: F401 (public path)
 from .cache import file_sha256, load_sequences, source_files
 from .readers import kcore_filter
 from .registry import resolve_dataset
+from .sampling import DistributedLengthBucketSampler, LengthBucketSampler
 from .splits import (
     LeaveOneOut,
     SequenceData,
@@ -67,129 +69,6 @@ __all__ = [
     "SequenceDataModule",
     "collate_arrays",
 ]
-
-Batch = dict[str, torch.Tensor]
-
-
-class LengthBucketSampler(Sampler[int]):
-    """Shuffled indices in which each run of ``batch_size`` has similar lengths.
-
-    Indices are shuffled, cut into pools of ``batch_size * pool_batches``, each
-    pool is sorted by length and cut into batches, and the full batches are
-    shuffled (a short one, at most one an epoch, comes last, so that the
-    batches of a process stay aligned with the buckets). A batch then trims to
-    its longest row (most histories are short, so padding to ``max_len`` wastes
-    most of the compute); every row is still
-    seen once an epoch. The order changes every epoch (``seed + epoch``;
-    ``set_epoch`` pins it, as ``DistributedSampler``'s does). ``pool_batches=1``
-    is a plain shuffle (each batch is a random chunk of the permutation).
-    Bucketed batches differ in their number of targets (a batch of long
-    histories holds many times those of a batch of short ones): a loss
-    averaged over each batch's targets then weighs targets unequally, so
-    divide the summed loss by the rows (``SequentialRecommendation``'s
-    default ``loss_normalization="rows"``).
-
-    Sharded over ``num_replicas`` processes, the global batches of
-    ``batch_size * num_replicas`` rows are formed exactly as one process with
-    that batch size would form them; rank ``r`` takes every ``num_replicas``-th
-    index from ``r`` (``DistributedSampler``'s layout, padded by repeating the
-    first indices), so its ``i``-th batch is its share of global batch ``i``:
-    N processes with batch ``b`` see the same global batches as one with ``N*b``.
-    """
-
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        batch_size: int,
-        seed: int = 0,
-        pool_batches: int = 50,
-        num_replicas: int = 1,
-        rank: int = 0,
-    ) -> None:
-        if batch_size < 1 or pool_batches < 1 or num_replicas < 1:
-            raise ValueError("need batch_size, pool_batches, num_replicas >= 1")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.lengths, self.batch_size = np.asarray(lengths), batch_size
-        self.num_replicas, self.rank = num_replicas, rank
-        global_batch = batch_size * num_replicas
-        self.seed, self.pool, self.epoch = seed, global_batch * pool_batches, 0
-        self.global_batch = global_batch
-        # DistributedSampler's public attributes (read by some tools)
-        self.shuffle, self.drop_last = True, False
-        self.num_samples = -(-len(self.lengths) // num_replicas)
-        self.total_size = self.num_samples * num_replicas
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def set_epoch(self, epoch: int) -> None:
-        """Lightning calls this before each epoch, so a resumed run sees the same order."""
-        self.epoch = epoch
-
-    def global_order(self, epoch: int) -> np.ndarray:
-        """All ranks' indices of ``epoch``, before sharding and padding."""
-        rng = np.random.default_rng(self.seed + epoch)
-        order = rng.permutation(len(self.lengths))
-        batches = []
-        for start in range(0, len(order), self.pool):
-            pool = order[start : start + self.pool]
-            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
-            batches += [
-                pool[i : i + self.global_batch] for i in range(0, len(pool), self.global_batch)
-            ]
-        if not batches:
-            return order
-        # the one short batch (the end of the last pool) goes last: shuffled in, it would
-        # shift every later batch off the bucket boundaries (results/perf/notes.md)
-        full = [x for x in batches if len(x) == self.global_batch]
-        short = [x for x in batches if len(x) < self.global_batch]
-        return np.concatenate([full[b] for b in rng.permutation(len(full))] + short)
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        order = self.global_order(self.epoch)
-        self.epoch += 1  # a plain loop over epochs still reshuffles
-        if self.num_replicas > 1:
-            order = np.resize(order, self.total_size)[self.rank :: self.num_replicas]
-        yield from order.tolist()
-
-
-class DistributedLengthBucketSampler(LengthBucketSampler, DistributedSampler):
-    """``LengthBucketSampler`` for one rank of several.
-
-    Being a ``DistributedSampler``, Lightning neither wraps it again nor
-    shuffles its indices, and calls its ``set_epoch`` itself (a wrapped sampler
-    would never see ``set_epoch``, so a resumed run would replay epoch 0's order).
-    """
-
-
-class ArrayDataset(Dataset):
-    """Rows of pre-built, equally long numpy arrays.
-
-    ``__getitems__`` returns a whole batch by one fancy index per array, so the
-    DataLoader never loops over rows in Python.
-    """
-
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = arrays
-        self._len = len(next(iter(arrays.values())))
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {k: v[index] for k, v in self.arrays.items()}
-
-    def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
-        idx = np.asarray(indices, dtype=np.int64)
-        return {k: v[idx] for k, v in self.arrays.items()}
-
-
-def collate_arrays(batch: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> Batch:
-    """Tensors from a batched dict (``__getitems__``) or a list of row dicts."""
-    if isinstance(batch, list):
-        batch = {k: np.stack([row[k] for row in batch]) for k in batch[0]}
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
 
 
 class SequenceDataModule(L.LightningDataModule):
@@ -235,6 +114,12 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_items: items of the synthetic dataset.
         synthetic_clusters: item clusters (user tastes) of the synthetic dataset.
         synthetic_seed: seed of the synthetic dataset (independent of ``seed``).
+        shard_users: under DDP, each process builds and serves only its own
+            contiguous range of users (about ``1 / world`` of the interactions):
+            its training rows and its validation / test rows (see
+            :mod:`.shards`); every user is evaluated once, so the metrics are
+            those of one process. Off (default): every process builds every
+            row and the samplers split them.
         item_vocabulary: a recommendation checkpoint whose item vocabulary the
             data is encoded in (``--ckpt_path`` sets it on the command line):
             raw item ids get the checkpoint's indices whatever the order of the
@@ -264,6 +149,7 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_clusters: int = 20,
         synthetic_seed: int = 0,
         item_vocabulary: str | None = None,
+        shard_users: bool = False,
     ) -> None:
         super().__init__()
         for name, value, low in [
@@ -298,6 +184,8 @@ class SequenceDataModule(L.LightningDataModule):
             seed=synthetic_seed,
         )
         self.item_vocabulary = item_vocabulary
+        self.shard_users = bool(shard_users)
+        self._built_for: tuple[int, int] | None = None  # the shard the datasets were built for
         self._data: SequenceData | None = None
         self._split: LeaveOneOut | None = None
         self._fingerprint: dict[str, Any] | None = None
@@ -443,9 +331,17 @@ class SequenceDataModule(L.LightningDataModule):
 
     def _dataset(self, name: str) -> ArrayDataset | PrefixRows:
         """The ``train`` / ``val`` / ``test`` dataset, built on first use."""
+        shard = self._shard()
+        if shard != self._built_for:
+            self._datasets.clear()
+            self._built_for = shard
         if name not in self._datasets:
             data, split = self._ensure()
-            if name == "train" and self.train_rows == "prefix":  # windows cut per batch
+            if shard is not None and name != "predict":
+                self._datasets[name] = shards.shard_dataset(
+                    name, data, split, self.max_len, self.train_rows == "prefix", *shard
+                )
+            elif name == "train" and self.train_rows == "prefix":  # windows cut per batch
                 self._datasets[name] = PrefixRows(data, split, self.max_len)
             elif name == "train":
                 self._datasets[name] = ArrayDataset(train_arrays(data, split, self.max_len))
@@ -510,6 +406,11 @@ class SequenceDataModule(L.LightningDataModule):
             return 1, 0
         return int(trainer.world_size), int(trainer.global_rank)
 
+    def _shard(self) -> tuple[int, int] | None:
+        """``(world, rank)`` when this process serves only its users' rows, else ``None``."""
+        world, rank = self._replicas()
+        return (world, rank) if self.shard_users and world > 1 else None
+
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
         """A DataLoader over a pre-built dataset with the stacking collate.
 
@@ -526,13 +427,22 @@ class SequenceDataModule(L.LightningDataModule):
             else:
                 lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
             world, rank = self._replicas()
-            sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
-            kwargs["sampler"] = sampler_class(
-                lengths, batch_size, self.seed, pool_batches=50 if self.bucket_by_length else 1,
-                num_replicas=world, rank=rank,
-            )  # fmt: skip
+            pools = 50 if self.bucket_by_length else 1
+            if self._shard() is not None:
+                kwargs["sampler"] = shards.ShardBucketSampler(
+                    lengths, batch_size, shards.epoch_rows(self, world), self.seed, pools,
+                    num_replicas=world, rank=rank,
+                )  # fmt: skip
+            else:
+                sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
+                kwargs["sampler"] = sampler_class(
+                    lengths, batch_size, self.seed, pool_batches=pools, num_replicas=world,
+                    rank=rank,
+                )  # fmt: skip
             shuffle = False
             loader_class = ResumableDataLoader
+        elif isinstance(dataset, shards.EvalShard):
+            kwargs["sampler"] = shards.ShardSampler(dataset.start, dataset.stop, *self._replicas())
         workers = self.num_workers
         return loader_class(
             dataset,

@@ -324,7 +324,9 @@ def test_block_by_block_equals_the_exact_reader(write, monkeypatch, small_blocks
     "later",
     ["u07", "u 7", "ux", "u-3"],  # a later block with a leading zero, a space, letters, a sign
 )
-def test_token_vocabulary_turns_to_strings_in_a_later_block(write, monkeypatch, small_blocks, later):
+def test_token_vocabulary_turns_to_strings_in_a_later_block(
+    write, monkeypatch, small_blocks, later
+):
     head = "user_id:token\titem_id:token\ttimestamp:float\n"
     early = "".join(f"{u}\t{i}\t{t}\n" for t, (u, i) in enumerate([(7, 10), (8, 70)] * 20))
     tail = "".join(f"{u}\t{i}\t{t}\n" for t, (u, i) in enumerate([(later[1:], "010"), (7, 10)]))
