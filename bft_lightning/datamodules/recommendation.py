@@ -32,20 +32,19 @@ global batches one process with batch N*b would.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from bft_lightning.utils.resume import ResumableDataLoader
 
 from . import shards
 from .arrays import ArrayDataset, Batch, collate_arrays  # noqa: F401 (public path)
-from .cache import file_sha256, load_sequences, source_files
+from .cache import load_sequences
 from .readers import kcore_filter
 from .registry import resolve_dataset
 from .sampling import DistributedLengthBucketSampler, LengthBucketSampler
@@ -58,8 +57,11 @@ from .splits import (
     predict_arrays,
     train_arrays,
 )
+from .splits import (
+    check_enough as _check_enough,
+)
 from .synthetic import SyntheticConfig, make_synthetic
-from .vocabulary import read_vocabulary, remap_items
+from .vocabulary_state import CheckpointVocabulary
 from .windows import PrefixRows
 
 __all__ = [
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 
-class SequenceDataModule(L.LightningDataModule):
+class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
     """Leave-one-out next-item data: synthetic, a shared dataset, or a file.
 
     Args:
@@ -189,7 +191,7 @@ class SequenceDataModule(L.LightningDataModule):
         self._data: SequenceData | None = None
         self._split: LeaveOneOut | None = None
         self._fingerprint: dict[str, Any] | None = None
-        self._datasets: dict[str, ArrayDataset | PrefixRows] = {}
+        self._datasets: dict[str, ArrayDataset | PrefixRows | shards.EvalShard] = {}
 
     # ------------------------------------------------------------ loading
 
@@ -238,90 +240,6 @@ class SequenceDataModule(L.LightningDataModule):
             rank_zero_info(f"SequenceDataModule: {self.stats}")
         return self._data, self._split
 
-    # ------------------------------------------------------------ vocabulary
-
-    def _remap(self, data: SequenceData, checkpoint: str) -> SequenceData:
-        """``data`` in the index space of ``checkpoint``'s vocabulary (warns on unknown items)."""
-        vocabulary = read_vocabulary(checkpoint)
-        if vocabulary is None:
-            rank_zero_warn(
-                f"{checkpoint}: the checkpoint holds no item vocabulary (saved before "
-                "checkpoints stored one): cannot check that the data's item ids are those it "
-                "was trained on; items are numbered in their order of first appearance"
-            )
-            return data
-        return self._apply_vocabulary(data, vocabulary, checkpoint)
-
-    def _apply_vocabulary(
-        self, data: SequenceData, vocabulary: dict[str, Any], source: str
-    ) -> SequenceData:
-        item_ids = [str(i) for i in vocabulary["item_ids"]]
-        if [str(i) for i in data.item_ids] == item_ids:
-            return data
-        remapped, report = remap_items(data, item_ids)
-        if report.unknown_items:
-            rank_zero_warn(report.message(f"{self._describe()} against {source}"))
-        saved = (vocabulary.get("fingerprint") or {}).get("files")
-        if saved and saved != self.fingerprint().get("files"):
-            rank_zero_info(
-                f"SequenceDataModule: {self._describe()} is not the file {source} was trained "
-                "on (another digest); its item ids are mapped through the checkpoint's vocabulary"
-            )
-        return remapped
-
-    def use_vocabulary(self, vocabulary: dict[str, Any], source: str = "checkpoint") -> None:
-        """Re-encode the loaded data into ``vocabulary`` (a checkpoint's); no-op if the same.
-
-        Built datasets are dropped, so loaders made afterwards serve the new indices.
-        """
-        data, split = self._ensure()
-        remapped = self._apply_vocabulary(data, vocabulary, source)
-        if remapped is data:
-            return
-        split = leave_one_out(remapped)
-        _check_enough(remapped, split, self._describe())
-        self._data, self._split = remapped, split
-        self._datasets.clear()
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What the data was read from: file sha256 digests (or the synthetic options)."""
-        if self._fingerprint is None:
-            if self.path is None and self.dataset == "synthetic":
-                self._fingerprint = {"synthetic": asdict(self.synthetic), "kcore": self.kcore}
-            else:
-                path, _ = self._source()
-                files = {str(f.name): file_sha256(f) for f in source_files(path)}
-                self._fingerprint = {"source": self._describe(), "files": files,
-                                     "kcore": self.kcore}  # fmt: skip
-        return dict(self._fingerprint)
-
-    def vocabulary_state(self) -> dict[str, Any]:
-        """What a checkpoint stores about its data (plain lists: ``weights_only`` loads it).
-
-        ``item_ids`` (raw ids in index order, ``[0] == ""``), ``user_ids``,
-        ``item_frequency`` (training counts, a tensor), ``max_len``, ``format``
-        and ``fingerprint`` (file digests, counts).
-        """
-        data, split = self._ensure()
-        if self.path is None and self.dataset == "synthetic":
-            fmt: str | None = "synthetic"
-        else:
-            fmt = self._source()[1]
-            if fmt is None:
-                from .readers import sniff_format
-
-                fmt = sniff_format(self._source()[0])
-        counts = {"users": data.num_users, "items": data.num_items,
-                  "interactions": int(len(data.items))}  # fmt: skip
-        return {
-            "item_ids": [str(i) for i in data.item_ids],
-            "user_ids": [str(u) for u in data.user_ids],
-            "item_frequency": torch.from_numpy(split.item_frequency.copy()),
-            "max_len": self.max_len,
-            "format": fmt,
-            "fingerprint": self.fingerprint() | counts,
-        }
-
     def setup(self, stage: str | None = None) -> None:
         """Load the data (every process) and pre-build the padded arrays."""
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",),
@@ -329,7 +247,7 @@ class SequenceDataModule(L.LightningDataModule):
         for name in wanted.get(stage or "", ("train", "val", "test")):
             self._dataset(name)
 
-    def _dataset(self, name: str) -> ArrayDataset | PrefixRows:
+    def _dataset(self, name: str) -> ArrayDataset | PrefixRows | shards.EvalShard:
         """The ``train`` / ``val`` / ``test`` dataset, built on first use."""
         shard = self._shard()
         if shard != self._built_for:
@@ -470,21 +388,3 @@ class SequenceDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """Every user's full history (test item included), for ``predict``: what comes next."""
         return self._loader("predict", self.eval_batch_size, shuffle=False)
-
-
-def _check_enough(data: SequenceData, split: LeaveOneOut, source: str) -> None:
-    """Refuse data too small for leave-one-out training and evaluation."""
-    longest = int(data.lengths.max()) if data.num_users else 0
-    if len(split.eval_users) == 0:
-        raise ValueError(
-            f"{source}: no user has >= 3 interactions ({data.num_users} users, longest history "
-            f"{longest}); leave-one-out holds out each user's last two items for validation and "
-            "test, so at least one user needs 3"
-        )
-    trainable = (split.train_end - split.train_start) >= 2
-    if not trainable.any():
-        raise ValueError(
-            f"{source}: no training rows ({data.num_users} users, longest history {longest}); a "
-            "user trains with 2 items, or with >= 4 (the last two are held out), so at least "
-            "one user needs 2 or >= 4 interactions"
-        )

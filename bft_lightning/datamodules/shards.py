@@ -100,7 +100,7 @@ def shard_dataset(
     prefix: bool,
     world: int,
     rank: int,
-) -> Dataset:
+) -> ArrayDataset | PrefixRows | EvalShard:
     """Rank ``rank``'s ``train`` / ``val`` / ``test`` rows (see the module docstring)."""
     bounds = user_bounds(data.offsets, world)
     mine = shard_split(split, int(bounds[rank]), int(bounds[rank + 1]))

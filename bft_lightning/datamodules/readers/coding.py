@@ -263,7 +263,7 @@ class Column:
     final array. Past the estimate the buffer doubles (one copy)."""
 
     def __init__(self, dtype: type, rows: int = 0) -> None:
-        self.buffer = np.empty(max(int(rows), 1 << 16), dtype=dtype)
+        self.buffer: np.ndarray = np.empty(max(int(rows), 1 << 16), dtype=dtype)
         self.size = 0
 
     def append(self, values: np.ndarray) -> None:

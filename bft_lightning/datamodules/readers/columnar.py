@@ -102,9 +102,14 @@ def read_delimited(
     )
     size, gz = path.stat().st_size, is_gzip(path)
     for k, text in enumerate(_blocks(path)):
-        options = pacsv.ReadOptions(column_names=names, skip_rows=skip_rows if k == 0 else 0)
+        options = pacsv.ReadOptions(
+            column_names=names, skip_rows=skip_rows if k == 0 else 0, use_threads=False
+        )
         table = pacsv.read_csv(
-            pa.py_buffer(text), read_options=options, parse_options=parse, convert_options=convert
+            pa.py_buffer(text),
+            read_options=options,
+            parse_options=parse,
+            convert_options=convert,
         )
         # the file's rows, estimated from its first block (sizes the code buffers)
         yield table, (0 if gz or k else int(table.num_rows * 1.1 * size / len(text)) + 1)

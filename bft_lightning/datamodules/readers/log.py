@@ -181,10 +181,13 @@ def from_parts(
     del counts
     order = _order(user, parts.pop("key", None))
     del user
-    items = _gather(parts.pop("item"), order)
-    times = parts.pop("time", None)
+    if order is not None and len(order) <= np.iinfo(np.int32).max:
+        order = order.astype(np.int32)  # half the index memory while the columns are gathered
+    times = parts.pop("time", None)  # the widest input first: its memory goes soonest
     stamps = None if times is None else _gather(times, order)
-    del times, order
+    del times
+    items = _gather(parts.pop("item"), order)
+    del order
     return InteractionLog.from_arrays(user_vocab, item_vocab, items, offsets, stamps, source)
 
 
