@@ -1,4 +1,4 @@
-"""``shard_users=True``: each DDP rank builds only its users' rows; together they are every row once.
+"""``shard_users=True``: each DDP rank builds only its users' rows; together, every row once.
 
 - Without processes: the shards' training, validation and test rows, over the
   ranks, are exactly one process's rows (each user in one shard), and every
