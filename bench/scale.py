@@ -406,8 +406,16 @@ def reader_check(args: argparse.Namespace, work: Path) -> None:
         ours = run_child("read" if kind == "amazon" else "ml", path, kind)
         theirs = run_child("pandas", path, kind)
         assert ours["check"] == theirs["check"] and ours["rows"] == theirs["rows"]
-        out[kind] = ours | theirs | {"ratio": ours["read_s"] / theirs["pandas_s"],
-                                     "file_mb": path.stat().st_size / 2**20}  # fmt: skip
+        out[kind] = (
+            ours
+            | theirs
+            | {
+                "ratio": ours["read_s"] / theirs["pandas_s"],
+                "peak_over_final": ours["peak_mb"] / ours["final_mb"],
+                "pandas_peak_over_final": theirs["pandas_peak_mb"] / ours["final_mb"],
+                "file_mb": path.stat().st_size / 2**20,
+            }
+        )
         print(kind, json.dumps(out[kind]), flush=True)
     out["cache"] = run_child("cache", work / f"amazon_{args.rows}.csv", "amazon")
     print("cache", json.dumps(out["cache"]), flush=True)

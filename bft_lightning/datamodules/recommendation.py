@@ -32,21 +32,22 @@ global batches one process with batch N*b would.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
 
 from bft_lightning.utils.resume import ResumableDataLoader
 
-from .cache import file_sha256, load_sequences, source_files
+from . import shards
+from .arrays import ArrayDataset, Batch, collate_arrays  # noqa: F401 (public path)
+from .cache import load_sequences
 from .readers import kcore_filter
 from .registry import resolve_dataset
+from .sampling import DistributedLengthBucketSampler, LengthBucketSampler
 from .splits import (
     LeaveOneOut,
     SequenceData,
@@ -56,8 +57,11 @@ from .splits import (
     predict_arrays,
     train_arrays,
 )
+from .splits import (
+    check_enough as _check_enough,
+)
 from .synthetic import SyntheticConfig, make_synthetic
-from .vocabulary import read_vocabulary, remap_items
+from .vocabulary_state import CheckpointVocabulary
 from .windows import PrefixRows
 
 __all__ = [
@@ -68,131 +72,8 @@ __all__ = [
     "collate_arrays",
 ]
 
-Batch = dict[str, torch.Tensor]
 
-
-class LengthBucketSampler(Sampler[int]):
-    """Shuffled indices in which each run of ``batch_size`` has similar lengths.
-
-    Indices are shuffled, cut into pools of ``batch_size * pool_batches``, each
-    pool is sorted by length and cut into batches, and the full batches are
-    shuffled (a short one, at most one an epoch, comes last, so that the
-    batches of a process stay aligned with the buckets). A batch then trims to
-    its longest row (most histories are short, so padding to ``max_len`` wastes
-    most of the compute); every row is still
-    seen once an epoch. The order changes every epoch (``seed + epoch``;
-    ``set_epoch`` pins it, as ``DistributedSampler``'s does). ``pool_batches=1``
-    is a plain shuffle (each batch is a random chunk of the permutation).
-    Bucketed batches differ in their number of targets (a batch of long
-    histories holds many times those of a batch of short ones): a loss
-    averaged over each batch's targets then weighs targets unequally, so
-    divide the summed loss by the rows (``SequentialRecommendation``'s
-    default ``loss_normalization="rows"``).
-
-    Sharded over ``num_replicas`` processes, the global batches of
-    ``batch_size * num_replicas`` rows are formed exactly as one process with
-    that batch size would form them; rank ``r`` takes every ``num_replicas``-th
-    index from ``r`` (``DistributedSampler``'s layout, padded by repeating the
-    first indices), so its ``i``-th batch is its share of global batch ``i``:
-    N processes with batch ``b`` see the same global batches as one with ``N*b``.
-    """
-
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        batch_size: int,
-        seed: int = 0,
-        pool_batches: int = 50,
-        num_replicas: int = 1,
-        rank: int = 0,
-    ) -> None:
-        if batch_size < 1 or pool_batches < 1 or num_replicas < 1:
-            raise ValueError("need batch_size, pool_batches, num_replicas >= 1")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.lengths, self.batch_size = np.asarray(lengths), batch_size
-        self.num_replicas, self.rank = num_replicas, rank
-        global_batch = batch_size * num_replicas
-        self.seed, self.pool, self.epoch = seed, global_batch * pool_batches, 0
-        self.global_batch = global_batch
-        # DistributedSampler's public attributes (read by some tools)
-        self.shuffle, self.drop_last = True, False
-        self.num_samples = -(-len(self.lengths) // num_replicas)
-        self.total_size = self.num_samples * num_replicas
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def set_epoch(self, epoch: int) -> None:
-        """Lightning calls this before each epoch, so a resumed run sees the same order."""
-        self.epoch = epoch
-
-    def global_order(self, epoch: int) -> np.ndarray:
-        """All ranks' indices of ``epoch``, before sharding and padding."""
-        rng = np.random.default_rng(self.seed + epoch)
-        order = rng.permutation(len(self.lengths))
-        batches = []
-        for start in range(0, len(order), self.pool):
-            pool = order[start : start + self.pool]
-            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
-            batches += [
-                pool[i : i + self.global_batch] for i in range(0, len(pool), self.global_batch)
-            ]
-        if not batches:
-            return order
-        # the one short batch (the end of the last pool) goes last: shuffled in, it would
-        # shift every later batch off the bucket boundaries (results/perf/notes.md)
-        full = [x for x in batches if len(x) == self.global_batch]
-        short = [x for x in batches if len(x) < self.global_batch]
-        return np.concatenate([full[b] for b in rng.permutation(len(full))] + short)
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        order = self.global_order(self.epoch)
-        self.epoch += 1  # a plain loop over epochs still reshuffles
-        if self.num_replicas > 1:
-            order = np.resize(order, self.total_size)[self.rank :: self.num_replicas]
-        yield from order.tolist()
-
-
-class DistributedLengthBucketSampler(LengthBucketSampler, DistributedSampler):
-    """``LengthBucketSampler`` for one rank of several.
-
-    Being a ``DistributedSampler``, Lightning neither wraps it again nor
-    shuffles its indices, and calls its ``set_epoch`` itself (a wrapped sampler
-    would never see ``set_epoch``, so a resumed run would replay epoch 0's order).
-    """
-
-
-class ArrayDataset(Dataset):
-    """Rows of pre-built, equally long numpy arrays.
-
-    ``__getitems__`` returns a whole batch by one fancy index per array, so the
-    DataLoader never loops over rows in Python.
-    """
-
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = arrays
-        self._len = len(next(iter(arrays.values())))
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {k: v[index] for k, v in self.arrays.items()}
-
-    def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
-        idx = np.asarray(indices, dtype=np.int64)
-        return {k: v[idx] for k, v in self.arrays.items()}
-
-
-def collate_arrays(batch: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> Batch:
-    """Tensors from a batched dict (``__getitems__``) or a list of row dicts."""
-    if isinstance(batch, list):
-        batch = {k: np.stack([row[k] for row in batch]) for k in batch[0]}
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
-
-
-class SequenceDataModule(L.LightningDataModule):
+class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
     """Leave-one-out next-item data: synthetic, a shared dataset, or a file.
 
     Args:
@@ -235,6 +116,12 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_items: items of the synthetic dataset.
         synthetic_clusters: item clusters (user tastes) of the synthetic dataset.
         synthetic_seed: seed of the synthetic dataset (independent of ``seed``).
+        shard_users: under DDP, each process builds and serves only its own
+            contiguous range of users (about ``1 / world`` of the interactions):
+            its training rows and its validation / test rows (see
+            :mod:`.shards`); every user is evaluated once, so the metrics are
+            those of one process. Off (default): every process builds every
+            row and the samplers split them.
         item_vocabulary: a recommendation checkpoint whose item vocabulary the
             data is encoded in (``--ckpt_path`` sets it on the command line):
             raw item ids get the checkpoint's indices whatever the order of the
@@ -264,6 +151,7 @@ class SequenceDataModule(L.LightningDataModule):
         synthetic_clusters: int = 20,
         synthetic_seed: int = 0,
         item_vocabulary: str | None = None,
+        shard_users: bool = False,
     ) -> None:
         super().__init__()
         for name, value, low in [
@@ -298,10 +186,12 @@ class SequenceDataModule(L.LightningDataModule):
             seed=synthetic_seed,
         )
         self.item_vocabulary = item_vocabulary
+        self.shard_users = bool(shard_users)
+        self._built_for: tuple[int, int] | None = None  # the shard the datasets were built for
         self._data: SequenceData | None = None
         self._split: LeaveOneOut | None = None
         self._fingerprint: dict[str, Any] | None = None
-        self._datasets: dict[str, ArrayDataset | PrefixRows] = {}
+        self._datasets: dict[str, ArrayDataset | PrefixRows | shards.EvalShard] = {}
 
     # ------------------------------------------------------------ loading
 
@@ -350,90 +240,6 @@ class SequenceDataModule(L.LightningDataModule):
             rank_zero_info(f"SequenceDataModule: {self.stats}")
         return self._data, self._split
 
-    # ------------------------------------------------------------ vocabulary
-
-    def _remap(self, data: SequenceData, checkpoint: str) -> SequenceData:
-        """``data`` in the index space of ``checkpoint``'s vocabulary (warns on unknown items)."""
-        vocabulary = read_vocabulary(checkpoint)
-        if vocabulary is None:
-            rank_zero_warn(
-                f"{checkpoint}: the checkpoint holds no item vocabulary (saved before "
-                "checkpoints stored one): cannot check that the data's item ids are those it "
-                "was trained on; items are numbered in their order of first appearance"
-            )
-            return data
-        return self._apply_vocabulary(data, vocabulary, checkpoint)
-
-    def _apply_vocabulary(
-        self, data: SequenceData, vocabulary: dict[str, Any], source: str
-    ) -> SequenceData:
-        item_ids = [str(i) for i in vocabulary["item_ids"]]
-        if [str(i) for i in data.item_ids] == item_ids:
-            return data
-        remapped, report = remap_items(data, item_ids)
-        if report.unknown_items:
-            rank_zero_warn(report.message(f"{self._describe()} against {source}"))
-        saved = (vocabulary.get("fingerprint") or {}).get("files")
-        if saved and saved != self.fingerprint().get("files"):
-            rank_zero_info(
-                f"SequenceDataModule: {self._describe()} is not the file {source} was trained "
-                "on (another digest); its item ids are mapped through the checkpoint's vocabulary"
-            )
-        return remapped
-
-    def use_vocabulary(self, vocabulary: dict[str, Any], source: str = "checkpoint") -> None:
-        """Re-encode the loaded data into ``vocabulary`` (a checkpoint's); no-op if the same.
-
-        Built datasets are dropped, so loaders made afterwards serve the new indices.
-        """
-        data, split = self._ensure()
-        remapped = self._apply_vocabulary(data, vocabulary, source)
-        if remapped is data:
-            return
-        split = leave_one_out(remapped)
-        _check_enough(remapped, split, self._describe())
-        self._data, self._split = remapped, split
-        self._datasets.clear()
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What the data was read from: file sha256 digests (or the synthetic options)."""
-        if self._fingerprint is None:
-            if self.path is None and self.dataset == "synthetic":
-                self._fingerprint = {"synthetic": asdict(self.synthetic), "kcore": self.kcore}
-            else:
-                path, _ = self._source()
-                files = {str(f.name): file_sha256(f) for f in source_files(path)}
-                self._fingerprint = {"source": self._describe(), "files": files,
-                                     "kcore": self.kcore}  # fmt: skip
-        return dict(self._fingerprint)
-
-    def vocabulary_state(self) -> dict[str, Any]:
-        """What a checkpoint stores about its data (plain lists: ``weights_only`` loads it).
-
-        ``item_ids`` (raw ids in index order, ``[0] == ""``), ``user_ids``,
-        ``item_frequency`` (training counts, a tensor), ``max_len``, ``format``
-        and ``fingerprint`` (file digests, counts).
-        """
-        data, split = self._ensure()
-        if self.path is None and self.dataset == "synthetic":
-            fmt: str | None = "synthetic"
-        else:
-            fmt = self._source()[1]
-            if fmt is None:
-                from .readers import sniff_format
-
-                fmt = sniff_format(self._source()[0])
-        counts = {"users": data.num_users, "items": data.num_items,
-                  "interactions": int(len(data.items))}  # fmt: skip
-        return {
-            "item_ids": [str(i) for i in data.item_ids],
-            "user_ids": [str(u) for u in data.user_ids],
-            "item_frequency": torch.from_numpy(split.item_frequency.copy()),
-            "max_len": self.max_len,
-            "format": fmt,
-            "fingerprint": self.fingerprint() | counts,
-        }
-
     def setup(self, stage: str | None = None) -> None:
         """Load the data (every process) and pre-build the padded arrays."""
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",),
@@ -441,11 +247,19 @@ class SequenceDataModule(L.LightningDataModule):
         for name in wanted.get(stage or "", ("train", "val", "test")):
             self._dataset(name)
 
-    def _dataset(self, name: str) -> ArrayDataset | PrefixRows:
+    def _dataset(self, name: str) -> ArrayDataset | PrefixRows | shards.EvalShard:
         """The ``train`` / ``val`` / ``test`` dataset, built on first use."""
+        shard = self._shard()
+        if shard != self._built_for:
+            self._datasets.clear()
+            self._built_for = shard
         if name not in self._datasets:
             data, split = self._ensure()
-            if name == "train" and self.train_rows == "prefix":  # windows cut per batch
+            if shard is not None and name != "predict":
+                self._datasets[name] = shards.shard_dataset(
+                    name, data, split, self.max_len, self.train_rows == "prefix", *shard
+                )
+            elif name == "train" and self.train_rows == "prefix":  # windows cut per batch
                 self._datasets[name] = PrefixRows(data, split, self.max_len)
             elif name == "train":
                 self._datasets[name] = ArrayDataset(train_arrays(data, split, self.max_len))
@@ -510,6 +324,11 @@ class SequenceDataModule(L.LightningDataModule):
             return 1, 0
         return int(trainer.world_size), int(trainer.global_rank)
 
+    def _shard(self) -> tuple[int, int] | None:
+        """``(world, rank)`` when this process serves only its users' rows, else ``None``."""
+        world, rank = self._replicas()
+        return (world, rank) if self.shard_users and world > 1 else None
+
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
         """A DataLoader over a pre-built dataset with the stacking collate.
 
@@ -526,13 +345,22 @@ class SequenceDataModule(L.LightningDataModule):
             else:
                 lengths = (dataset.arrays["seq"] != 0).sum(axis=1)
             world, rank = self._replicas()
-            sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
-            kwargs["sampler"] = sampler_class(
-                lengths, batch_size, self.seed, pool_batches=50 if self.bucket_by_length else 1,
-                num_replicas=world, rank=rank,
-            )  # fmt: skip
+            pools = 50 if self.bucket_by_length else 1
+            if self._shard() is not None:
+                kwargs["sampler"] = shards.ShardBucketSampler(
+                    lengths, batch_size, shards.epoch_rows(self, world), self.seed, pools,
+                    num_replicas=world, rank=rank,
+                )  # fmt: skip
+            else:
+                sampler_class = DistributedLengthBucketSampler if world > 1 else LengthBucketSampler
+                kwargs["sampler"] = sampler_class(
+                    lengths, batch_size, self.seed, pool_batches=pools, num_replicas=world,
+                    rank=rank,
+                )  # fmt: skip
             shuffle = False
             loader_class = ResumableDataLoader
+        elif isinstance(dataset, shards.EvalShard):
+            kwargs["sampler"] = shards.ShardSampler(dataset.start, dataset.stop, *self._replicas())
         workers = self.num_workers
         return loader_class(
             dataset,
@@ -560,21 +388,3 @@ class SequenceDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """Every user's full history (test item included), for ``predict``: what comes next."""
         return self._loader("predict", self.eval_batch_size, shuffle=False)
-
-
-def _check_enough(data: SequenceData, split: LeaveOneOut, source: str) -> None:
-    """Refuse data too small for leave-one-out training and evaluation."""
-    longest = int(data.lengths.max()) if data.num_users else 0
-    if len(split.eval_users) == 0:
-        raise ValueError(
-            f"{source}: no user has >= 3 interactions ({data.num_users} users, longest history "
-            f"{longest}); leave-one-out holds out each user's last two items for validation and "
-            "test, so at least one user needs 3"
-        )
-    trainable = (split.train_end - split.train_start) >= 2
-    if not trainable.any():
-        raise ValueError(
-            f"{source}: no training rows ({data.num_users} users, longest history {longest}); a "
-            "user trains with 2 items, or with >= 4 (the last two are held out), so at least "
-            "one user needs 2 or >= 4 interactions"
-        )

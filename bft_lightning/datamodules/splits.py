@@ -30,6 +30,7 @@ from .readers import InteractionLog
 __all__ = [
     "LeaveOneOut",
     "SequenceData",
+    "check_enough",
     "encode",
     "eval_arrays",
     "leave_one_out",
@@ -241,3 +242,21 @@ def predict_arrays(data: SequenceData, max_len: int) -> dict[str, np.ndarray]:
     if data.times is not None:
         out["input_time"] = left_pad(data.times, start, end, max_len)
     return out
+
+
+def check_enough(data: SequenceData, split: LeaveOneOut, source: str) -> None:
+    """Refuse data too small for leave-one-out training and evaluation."""
+    longest = int(data.lengths.max()) if data.num_users else 0
+    if len(split.eval_users) == 0:
+        raise ValueError(
+            f"{source}: no user has >= 3 interactions ({data.num_users} users, longest history "
+            f"{longest}); leave-one-out holds out each user's last two items for validation and "
+            "test, so at least one user needs 3"
+        )
+    trainable = (split.train_end - split.train_start) >= 2
+    if not trainable.any():
+        raise ValueError(
+            f"{source}: no training rows ({data.num_users} users, longest history {longest}); a "
+            "user trains with 2 items, or with >= 4 (the last two are held out), so at least "
+            "one user needs 2 or >= 4 interactions"
+        )

@@ -289,3 +289,77 @@ def test_token_codes_keep_string_identity(tokens):
     stripped = [t.strip() for t in tokens]
     assert [str(vocab[c]) for c in codes] == stripped
     assert len(vocab) == len(set(stripped)) and all(isinstance(v, str) for v in vocab.tolist())
+
+
+@pytest.fixture()
+def small_blocks(monkeypatch):
+    """Parse in blocks of a few lines and merge vocabularies often (the 20M-row path)."""
+    from bft_lightning.datamodules.readers import coding, parquet
+
+    monkeypatch.setattr(columnar, "BLOCK_BYTES", 97)
+    monkeypatch.setattr(coding, "MERGE_MIN", 5)
+    monkeypatch.setattr(parquet, "_BATCH_ROWS", 7)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("gz", [False, True])
+def test_block_by_block_equals_the_exact_reader(write, monkeypatch, small_blocks, case, gz):
+    name, fmt = CASES[case]
+    path = write(name + (".gz" if gz else ""), _text(case, _rows(11, fractional=True)), gz)
+    used = []
+    real = columnar.build
+    monkeypatch.setattr(columnar, "build", lambda *a, **k: used.append(1) or real(*a, **k))
+    fast = read_interactions(path, fmt, kcore=0)
+    assert used, "the fast path was not taken on a well-formed file"
+    exact = _exact(monkeypatch, path, fmt)
+    assert (fast.users, fast.sequences, fast.timestamps) == (
+        exact.users,
+        exact.sequences,
+        exact.timestamps,
+    )
+    assert fast.num_interactions == 400
+
+
+@pytest.mark.parametrize(
+    "later",
+    ["u07", "u 7", "ux", "u-3"],  # a later block with a leading zero, a space, letters, a sign
+)
+def test_token_vocabulary_turns_to_strings_in_a_later_block(
+    write, monkeypatch, small_blocks, later
+):
+    head = "user_id:token\titem_id:token\ttimestamp:float\n"
+    early = "".join(f"{u}\t{i}\t{t}\n" for t, (u, i) in enumerate([(7, 10), (8, 70)] * 20))
+    tail = "".join(f"{u}\t{i}\t{t}\n" for t, (u, i) in enumerate([(later[1:], "010"), (7, 10)]))
+    path = write("x.inter", head + early + tail)
+    fast = read_interactions(path, "recbole", kcore=0)
+    exact = _exact(monkeypatch, path, "recbole")
+    assert (fast.users, fast.sequences) == (exact.users, exact.sequences)
+    assert all(isinstance(u, str) for u in fast.users)
+
+
+def test_bad_line_in_a_later_block_is_named(write, small_blocks):
+    rows = [f"B{i:09d},A{i % 7}X,5.0,{i}" for i in range(200)]
+    rows[150] = "B000000001,A1X,5.0,notatime"
+    path = write("a.csv", "item,user,rating,timestamp\n" + "\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"a\.csv:152: non-numeric timestamp"):
+        read_interactions(path, "amazon", kcore=0)
+
+
+def test_parquet_in_batches_equals_one_batch_and_names_later_rows(write, tmp_path, monkeypatch):
+    from bft_lightning.datamodules.readers import parquet
+
+    users, items, times = _rows(5, fractional=True)
+    table = {"item": [f"B{i:09d}" for i in items], "user": [f"A{u}X" for u in users],
+             "timestamp": times}  # fmt: skip
+    path = _parquet(tmp_path, table)
+    whole = read_interactions(path)
+    monkeypatch.setattr(parquet, "_BATCH_ROWS", 7)
+    batched = read_interactions(path)
+    assert (batched.users, batched.sequences, batched.timestamps) == (
+        whole.users,
+        whole.sequences,
+        whole.timestamps,
+    )
+    table["user"][300] = "  "
+    with pytest.raises(ValueError, match=r"row 301 \(column 'user'\): empty id"):
+        read_interactions(_parquet(tmp_path, table, "bad.parquet"))

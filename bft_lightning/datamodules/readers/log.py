@@ -10,7 +10,7 @@ import numpy as np
 
 RawId = int | str
 
-__all__ = ["InteractionLog", "RawId", "from_rows", "kcore_filter", "vocab_array"]
+__all__ = ["InteractionLog", "RawId", "from_parts", "from_rows", "kcore_filter", "vocab_array"]
 
 _INT64_MAX = 2**63 - 1
 
@@ -159,23 +159,59 @@ def from_rows(
     fractional) each user is sorted by it, stably, so ties keep file order.
     ``times`` (whole seconds) is stored. ``n log n`` in the rows.
     """
-    order = _order(user_codes, order_key)
-    counts = np.bincount(user_codes, minlength=len(user_vocab))
+    parts = {"user": user_codes, "item": item_codes}
+    if times is not None:
+        parts["time"] = times
+    if order_key is not None:
+        parts["key"] = order_key
+    return from_parts(parts, user_vocab, item_vocab, source)
+
+
+def from_parts(
+    parts: dict[str, np.ndarray], user_vocab: np.ndarray, item_vocab: np.ndarray, source: str
+) -> InteractionLog:
+    """:func:`from_rows` of ``parts`` (``user``, ``item`` codes; optional ``time``, ``key``).
+
+    ``parts`` is emptied as the log is built, so each input column is freed as
+    soon as it has been used (when the caller holds no other reference): the
+    peak is the sort order, the output columns and one input column."""
+    user = parts.pop("user")
+    counts = np.bincount(user, minlength=len(user_vocab))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    if order is None:  # already grouped and in time order: no copy
-        items = np.asarray(item_codes, dtype=np.int64)
-        stamps = None if times is None else np.asarray(times, dtype=np.int64)
-    else:
-        items = np.ascontiguousarray(item_codes[order], dtype=np.int64)
-        stamps = None if times is None else np.ascontiguousarray(times[order], dtype=np.int64)
+    del counts
+    order = _order(user, parts.pop("key", None))
+    del user
+    if order is not None and len(order) <= np.iinfo(np.int32).max:
+        order = order.astype(np.int32)  # half the index memory while the columns are gathered
+    times = parts.pop("time", None)  # the widest input first: its memory goes soonest
+    stamps = None if times is None else _gather(times, order)
+    del times
+    items = _gather(parts.pop("item"), order)
+    del order
     return InteractionLog.from_arrays(user_vocab, item_vocab, items, offsets, stamps, source)
+
+
+_GATHER = 1 << 21  # rows gathered at a time (no full-size temporary of the input's dtype)
+
+
+def _gather(values: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """``values[order]`` (or ``values``) as a contiguous ``int64`` array."""
+    if order is None:
+        return np.ascontiguousarray(values, dtype=np.int64)
+    out = np.empty(len(order), dtype=np.int64)
+    for a in range(0, len(order), _GATHER):
+        out[a : a + _GATHER] = values[order[a : a + _GATHER]]
+    return out
 
 
 def _order(user: np.ndarray, key: np.ndarray | None) -> np.ndarray | None:
     """The stable order by (user, key), or ``None`` when the rows already are in it.
 
     Checking costs one pass; files grouped by user (MovieLens, S3-Rec-like
-    dumps) then skip the sort, and time-ordered logs sort by user alone."""
+    dumps) then skip the sort, and time-ordered logs sort by user alone. Other
+    integer keys are packed with the user into one ``int64`` and sorted once
+    (a stable argsort: equal (user, time) keep file order); fractional or
+    too wide keys are sorted by ``lexsort``."""
     same = user[1:] == user[:-1]
     grouped = bool(np.all(same | (user[1:] > user[:-1])))
     if key is None:
@@ -183,9 +219,29 @@ def _order(user: np.ndarray, key: np.ndarray | None) -> np.ndarray | None:
     rising = key[1:] >= key[:-1]
     if grouped and bool(np.all(rising | ~same)):
         return None
+    del same
     if bool(np.all(rising)):
         return np.argsort(user, kind="stable")
+    del rising
+    packed = _packed(user, key)
+    if packed is not None:
+        return np.argsort(packed, kind="stable")
     return np.lexsort((key, user))  # lexsort is stable
+
+
+def _packed(user: np.ndarray, key: np.ndarray) -> np.ndarray | None:
+    """``user * 2**b + (key - min key)`` as ``int64``, or ``None`` when it would not fit."""
+    if key.dtype.kind not in "iu" or len(key) == 0 or int(user.min()) < 0:
+        return None
+    low = int(key.min())
+    bits = (int(key.max()) - low).bit_length()
+    if bits + int(user.max()).bit_length() > 62:
+        return None
+    packed = user.astype(np.int64)
+    packed <<= bits
+    packed += key
+    packed -= low
+    return packed
 
 
 def kcore_filter(log: InteractionLog, k: int) -> InteractionLog:
