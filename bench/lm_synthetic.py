@@ -60,24 +60,57 @@ METHODS: dict[str, dict[str, Any]] = {  # name -> LanguageSFT options
     "label_smoothing": {"loss": "ce", "precision": "off", "label_smoothing": 0.1},
 }
 MODELS = {  # Llama-style sizes (the vocabulary is the generator's, 284 ids)
-    "d128": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=4),
-    "d128l2": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=4),
-    "d192": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=4),
-    "d256": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=6,
-                 num_attention_heads=4, num_key_value_heads=4),
-}  # fmt: skip
-DATA = dict(num_train=4000, num_val=100, num_test=500, max_distractors=4, facts_per_passage=4,
-            max_value_words=3, data_seed=0)  # fmt: skip
+    "d128": dict(
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "d128l2": dict(
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "d192": dict(
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "d256": dict(
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+}
+DATA = dict(
+    num_train=2000,
+    num_val=100,
+    num_test=500,
+    max_distractors=4,
+    facts_per_passage=4,
+    max_value_words=3,
+    data_seed=0,
+)
 
 
 def _trainer(work: Path, **kw: Any) -> L.Trainer:
     return L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=work, **kw,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=work,
+        **kw,
+    )
 
 
 class LossTrace(L.Callback):
@@ -93,36 +126,67 @@ class LossTrace(L.Callback):
 
 
 def model_config(name: str, vocab: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab, max_position_embeddings=512, bos_token_id=1,
-                       eos_token_id=2, pad_token_id=0, **MODELS[name])  # fmt: skip
+    return LlamaConfig(
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **MODELS[name],
+    )
 
 
-def pretrain(work: Path, model: str, steps: int, lr: float) -> dict[str, Any]:
+def pretrain(
+    work: Path, model: str, steps: int, lr: float, init: Path | None = None, data_seed: int = 0
+) -> dict[str, Any]:
+    """Pretrain (or, from ``init``, continue pretraining) the shared base model."""
     base = work / f"base-{model}"
     done = work / f"pretrain-{model}.json"
     if done.is_file():
         return json.loads(done.read_text())
     L.seed_everything(0)
     dm = SyntheticQAPretrainDataModule(
-        num_documents=max(steps * 32 // 2, 2000), recall_per_document=4, seq_len=64,
-        batch_size=32, eval_batch_size=64, **DATA,  # type: ignore[arg-type]
-    )  # fmt: skip
+        num_documents=max(steps * 32 // 2, 2000),
+        recall_per_document=4,
+        seq_len=64,
+        batch_size=32,
+        eval_batch_size=64,
+        **(DATA | {"data_seed": data_seed}),  # type: ignore[arg-type]
+    )
     task = LanguageSFT(
-        model_config(model, dm.vocab_size), lr=lr, weight_decay=0.1, warmup_steps=50,
-        cosine=True, generate=False, export_dir=str(base),
-    )  # fmt: skip
+        None if init else model_config(model, dm.vocab_size),
+        checkpoint_dir=str(init) if init else None,
+        lr=lr,
+        weight_decay=0.1,
+        warmup_steps=50,
+        cosine=True,
+        generate=False,
+        export_dir=str(base),
+    )
     trace = LossTrace()
     t0 = time.time()
-    trainer = _trainer(work, max_steps=steps, callbacks=[trace], limit_val_batches=10,
-                       val_check_interval=max(steps // 2, 1), check_val_every_n_epoch=None)  # fmt: skip
+    trainer = _trainer(
+        work,
+        max_steps=steps,
+        callbacks=[trace],
+        limit_val_batches=10,
+        val_check_interval=max(steps // 2, 1),
+        check_val_every_n_epoch=None,
+    )
     trainer.fit(task, dm)
     dm.tokenizer.save(str(base / "tokenizer.json"))
     out = {
-        "model": model, "steps": steps, "lr": lr, "seconds": round(time.time() - t0),
+        "model": model,
+        "steps": steps,
+        "lr": lr,
+        "seconds": round(time.time() - t0),
+        "init": str(init) if init else None,
+        "data_seed": data_seed,
         "params": sum(p.numel() for p in task.model.parameters()),
         "val_loss": float(trainer.callback_metrics["val/loss"]),
-        "train_loss_trace": trace.trace, "tokens": steps * 32 * 64,
-    }  # fmt: skip
+        "train_loss_trace": trace.trace,
+        "tokens": steps * 32 * 64,
+    }
     done.write_text(json.dumps(out, indent=1))
     return out
 
@@ -156,8 +220,12 @@ def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 51
             st = layer.last_stats
             assert st is not None
             g = st.gain.mean(-1)  # (B, T): mean over groups
-            for key, m in (("target_corrupted", bad), ("target_clean", good),
-                           ("token_corrupted", bad_tok), ("token_clean", good_tok)):  # fmt: skip
+            for key, m in (
+                ("target_corrupted", bad),
+                ("target_clean", good),
+                ("token_corrupted", bad_tok),
+                ("token_clean", good_tok),
+            ):
                 acc.setdefault(key, [[] for _ in model.model.decoder_layers])[li] += g[m].tolist()
     set_recording(model, False)
     out: dict[str, Any] = {}
@@ -189,16 +257,26 @@ def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int
     L.seed_everything(seed)
     t_data = time.time()
     dm = SyntheticQADataModule(
-        num_distractors=k, noise_rate=noise, noise_in_inputs=a.noise_in_inputs, seed=seed,
-        batch_size=a.batch_size, **DATA,  # type: ignore[arg-type]
-    )  # fmt: skip
+        num_distractors=k,
+        noise_rate=noise,
+        noise_in_inputs=a.noise_in_inputs,
+        seed=seed,
+        batch_size=a.batch_size,
+        **DATA,  # type: ignore[arg-type]
+    )
     dm.setup()
     t_data = time.time() - t_data
     task = LanguageSFT(
-        checkpoint_dir=str(work / f"base-{a.model}"), bft=BFTOptions(precision=precision),
-        focal_gamma=2.0, lr=a.lr, warmup_steps=10, cosine=True,
-        max_new_tokens=DATA["max_value_words"] + 1, target_gain=0.95, **opts,
-    )  # fmt: skip
+        checkpoint_dir=str(work / f"base-{a.model}"),
+        bft=BFTOptions(precision=precision),
+        focal_gamma=2.0,
+        lr=a.lr,
+        warmup_steps=10,
+        cosine=True,
+        max_new_tokens=DATA["max_value_words"] + 1,
+        target_gain=0.95,
+        **opts,
+    )
     trace = LossTrace()
     t0 = time.time()
     trainer = _trainer(work, max_steps=a.sft_steps, callbacks=[trace], limit_val_batches=0)
@@ -207,17 +285,34 @@ def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int
     t1 = time.time()
     res = trainer.test(task, dm, verbose=False)[0]
     test_s = time.time() - t1
-    per_q = {p["id"]: [round(v, 4) for v in qa_scores(p["prediction"], p["answers"])]
-             for p in task.predictions}  # fmt: skip
+    per_q = {
+        p["id"]: [round(v, 4) for v in qa_scores(p["prediction"], p["answers"])]
+        for p in task.predictions
+    }
     result: dict[str, Any] = {
-        "name": name, "method": method, "noise_rate": noise, "distractors": k, "seed": seed,
-        "model": a.model, "sft_steps": a.sft_steps, "batch_size": a.batch_size, "lr": a.lr,
-        "noise_in_inputs": a.noise_in_inputs, "corrupted_fraction": dm.corrupted_fraction,
-        "test_em": res["test/em"], "test_f1": res["test/f1"], "test_loss": res["test/loss"],
-        "fit_seconds": round(fit_s, 1), "test_seconds": round(test_s, 1),
-        "data_seconds": round(t_data, 1), "train_loss_trace": trace.trace, "per_question": per_q,
+        "name": name,
+        "method": method,
+        "noise_rate": noise,
+        "distractors": k,
+        "seed": seed,
+        "model": a.model,
+        "sft_steps": a.sft_steps,
+        "batch_size": a.batch_size,
+        "lr": a.lr,
+        "noise_in_inputs": a.noise_in_inputs,
+        "corrupted_fraction": dm.corrupted_fraction,
+        "data": dict(DATA),
+        "pretrain": json.loads((work / f"pretrain-{a.model}.json").read_text()),
+        "test_em": res["test/em"],
+        "test_f1": res["test/f1"],
+        "test_loss": res["test/loss"],
+        "fit_seconds": round(fit_s, 1),
+        "test_seconds": round(test_s, 1),
+        "data_seconds": round(t_data, 1),
+        "train_loss_trace": trace.trace,
+        "per_question": per_q,
         "examples": [p for p in task.predictions[:5]],
-    }  # fmt: skip
+    }
     if precision == "on":
         rep = task.calibration_report
         result["calibration"] = {"median_gain": rep.median_gain, "q": rep.q}
@@ -239,12 +334,20 @@ def _paired(runs: list[dict], method: str, noise: float, k: int, metric: int) ->
     for r in runs:
         if (r["method"], r["noise_rate"], r["distractors"]) != (method, noise, k):
             continue
-        ref = next((x for x in runs if (x["method"], x["noise_rate"], x["distractors"],
-                                        x["seed"]) == ("off", noise, k, r["seed"])), None)  # fmt: skip
+        ref = next(
+            (
+                x
+                for x in runs
+                if (x["method"], x["noise_rate"], x["distractors"], x["seed"])
+                == ("off", noise, k, r["seed"])
+            ),
+            None,
+        )
         if ref is None:
             continue
-        diffs += [r["per_question"][q][metric] - ref["per_question"][q][metric]
-                  for q in r["per_question"]]  # fmt: skip
+        diffs += [
+            r["per_question"][q][metric] - ref["per_question"][q][metric] for q in r["per_question"]
+        ]
     if not diffs:
         return None, None, 0
     d = np.asarray(diffs)
@@ -264,7 +367,9 @@ def report(out: Path) -> list[dict]:
     conds = sorted({(r["noise_rate"], r["distractors"]) for r in runs})
     for noise, k in conds:
         for m in METHODS:
-            rs = [r for r in runs if (r["method"], r["noise_rate"], r["distractors"]) == (m, noise, k)]
+            rs = [
+                r for r in runs if (r["method"], r["noise_rate"], r["distractors"]) == (m, noise, k)
+            ]
             if not rs:
                 continue
             em, em_se = _mean_se([r["test_em"] for r in rs])
@@ -272,23 +377,41 @@ def report(out: Path) -> list[dict]:
             d, se, n = _paired(runs, m, noise, k, 0) if m != "off" else (0.0, 0.0, 0)
             df1, sef1, _ = _paired(runs, m, noise, k, 1) if m != "off" else (0.0, 0.0, 0)
             row = {
-                "task": "synthetic_qa", "method": m, "noise": noise, "distractors": k,
-                "seeds": sorted(r["seed"] for r in rs), "em": em, "f1": f1,
-                "paired_delta_em": d, "paired_se_em": se, "em_se_seeds": em_se,
-                "f1_se_seeds": f1_se, "paired_delta_f1": df1, "paired_se_f1": sef1,
-                "paired_n": n, "fit_seconds_mean": float(np.mean([r["fit_seconds"] for r in rs])),
-            }  # fmt: skip
+                "task": "synthetic_qa",
+                "method": m,
+                "noise": noise,
+                "distractors": k,
+                "seeds": sorted(r["seed"] for r in rs),
+                "em": em,
+                "f1": f1,
+                "paired_delta_em": d,
+                "paired_se_em": se,
+                "em_se_seeds": em_se,
+                "f1_se_seeds": f1_se,
+                "paired_delta_f1": df1,
+                "paired_se_f1": sef1,
+                "paired_n": n,
+                "fit_seconds_mean": float(np.mean([r["fit_seconds"] for r in rs])),
+            }
             gains = [r["gain_by_corruption"] for r in rs if r.get("gain_by_corruption")]
             if gains:
                 row["gain_K"] = {
                     key: np.mean([g[key] for g in gains], axis=0).round(4).tolist()
-                    for key in ("target_corrupted", "target_clean", "target_diff",
-                                "token_corrupted", "token_clean", "token_diff")
-                }  # fmt: skip
+                    for key in (
+                        "target_corrupted",
+                        "target_clean",
+                        "target_diff",
+                        "token_corrupted",
+                        "token_clean",
+                        "token_diff",
+                    )
+                }
             rows.append(row)
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
     lines = [
-        "# Synthetic extractive QA, noisy SFT (generated by `bench/lm_synthetic.py --stage report`)",
+        "# Synthetic extractive QA, noisy SFT",
+        "",
+        "(generated by `bench/lm_synthetic.py --stage report`)",
         "",
         "EM/F1 on the 500 clean test questions (mean over seeds, ± SE over seeds); paired "
         "differences against `off` over the same questions and seeds (± paired SE).",
@@ -299,27 +422,41 @@ def report(out: Path) -> list[dict]:
     for r in rows:
         se = f" ± {r['em_se_seeds']:.3f}" if r["em_se_seeds"] is not None else ""
         fse = f" ± {r['f1_se_seeds']:.3f}" if r["f1_se_seeds"] is not None else ""
-        dl = (f"{r['paired_delta_em']:+.3f} ± {r['paired_se_em']:.3f}" if r["method"] != "off"
-              and r["paired_delta_em"] is not None else "")  # fmt: skip
-        df = (f"{r['paired_delta_f1']:+.3f} ± {r['paired_se_f1']:.3f}" if r["method"] != "off"
-              and r["paired_delta_f1"] is not None else "")  # fmt: skip
+        dl = (
+            f"{r['paired_delta_em']:+.3f} ± {r['paired_se_em']:.3f}"
+            if r["method"] != "off" and r["paired_delta_em"] is not None
+            else ""
+        )
+        df = (
+            f"{r['paired_delta_f1']:+.3f} ± {r['paired_se_f1']:.3f}"
+            if r["method"] != "off" and r["paired_delta_f1"] is not None
+            else ""
+        )
         lines.append(
             f"| {r['noise']:g} | {r['distractors']} | {r['method']} | {len(r['seeds'])} | "
             f"{r['em']:.3f}{se} | {r['f1']:.3f}{fse} | {dl} | {df} | {r['fit_seconds_mean']:.0f} |"
         )
-    gl = ["", "## BFT: Kalman gain K at answer positions, corrupted vs clean training labels", "",
-          "Per layer, mean over seeds; `target`: the position that predicts the label; "
-          "`token`: the position that reads the answer token.", "",
-          "| noise | k | where | K corrupted | K clean | corrupted - clean |", "|---|---|---|---|---|---|"]  # fmt: skip
+    gl = [
+        "",
+        "## BFT: Kalman gain K at answer positions, corrupted vs clean training labels",
+        "",
+        "Per layer, mean over seeds; `target`: the position that predicts the label; "
+        "`token`: the position that reads the answer token.",
+        "",
+        "| noise | k | where | K corrupted | K clean | corrupted - clean |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         g = r.get("gain_K")
         if not g:
             continue
         for where in ("target", "token"):
             fmt = lambda v: " / ".join(f"{x:.4f}" for x in v)  # noqa: E731
-            gl.append(f"| {r['noise']:g} | {r['distractors']} | {where} | "
-                      f"{fmt(g[where + '_corrupted'])} | {fmt(g[where + '_clean'])} | "
-                      f"{fmt(g[where + '_diff'])} |")  # fmt: skip
+            gl.append(
+                f"| {r['noise']:g} | {r['distractors']} | {where} | "
+                f"{fmt(g[where + '_corrupted'])} | {fmt(g[where + '_clean'])} | "
+                f"{fmt(g[where + '_diff'])} |"
+            )
     (out / "synthetic_tables.md").write_text("\n".join(lines + gl) + "\n")
     print("\n".join(lines + gl))
     _figure(rows, out / "synthetic_em_vs_noise.png")
@@ -336,13 +473,25 @@ def _figure(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(ks), figsize=(5 * len(ks), 4), squeeze=False)
     for ax, k in zip(axes[0], ks):
         for m in METHODS:
-            pts = sorted((r["noise"], r["em"], r["em_se_seeds"] or 0.0) for r in rows
-                         if r["method"] == m and r["distractors"] == k)  # fmt: skip
+            pts = sorted(
+                (r["noise"], r["em"], r["em_se_seeds"] or 0.0)
+                for r in rows
+                if r["method"] == m and r["distractors"] == k
+            )
             if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
-                            marker="o", capsize=3, label=m)  # fmt: skip
-        ax.set(xlabel="label-noise rate (fraction of answer tokens)", ylabel="test EM (clean)",
-               title=f"synthetic QA, {k} distractors")  # fmt: skip
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    yerr=[p[2] for p in pts],
+                    marker="o",
+                    capsize=3,
+                    label=m,
+                )
+        ax.set(
+            xlabel="label-noise rate (fraction of answer tokens)",
+            ylabel="test EM (clean)",
+            title=f"synthetic QA, {k} distractors",
+        )
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -356,6 +505,18 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="d128")
     p.add_argument("--pretrain-steps", type=int, default=1500)
     p.add_argument("--pretrain-lr", type=float, default=3e-3)
+    p.add_argument(
+        "--pretrain-init",
+        type=Path,
+        default=None,
+        help="continue pretraining from this exported base",
+    )
+    p.add_argument(
+        "--pretrain-data-seed",
+        type=int,
+        default=0,
+        help="seed of the pretraining documents (another one when continuing)",
+    )
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -364,28 +525,42 @@ def main() -> None:
     p.add_argument("--distractors", type=int, nargs="+", default=[0])
     p.add_argument("--methods", nargs="+", default=["off", "bft"], choices=list(METHODS))
     p.add_argument("--noise-in-inputs", action="store_true")
+    p.add_argument(
+        "--value-words",
+        type=int,
+        default=DATA["max_value_words"],
+        help="longest answer in words (the generator's max_value_words)",
+    )
+    p.add_argument("--facts", type=int, default=DATA["facts_per_passage"], help="facts per passage")
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th run from the i-th")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no run after this")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    DATA.update(max_value_words=a.value_words, facts_per_passage=a.facts)
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stage in ("all", "pretrain"):
-        info = pretrain(a.work, a.model, a.pretrain_steps, a.pretrain_lr)
+        info = pretrain(
+            a.work, a.model, a.pretrain_steps, a.pretrain_lr, a.pretrain_init, a.pretrain_data_seed
+        )
         print("pretrain:", {k: v for k, v in info.items() if k != "train_loss_trace"}, flush=True)
     if a.stage in ("all", "sft"):
         i, n = map(int, a.shard.split("/"))
-        grid = [(m, x, k, s) for s in a.seeds for k in a.distractors for x in a.noise
-                for m in a.methods]  # fmt: skip
+        grid = [
+            (m, x, k, s) for s in a.seeds for k in a.distractors for x in a.noise for m in a.methods
+        ]
         for m, x, k, s in grid[i::n]:
             if a.stop_at and time.strftime("%H:%M", time.gmtime()) >= a.stop_at:
                 print(f"stopping: it is past {a.stop_at} UTC", flush=True)
                 break
             t0 = time.time()
             r = run_sft(a.work, a, m, x, k, s)
-            print(f"{r['name']}: EM {r['test_em']:.3f} F1 {r['test_f1']:.3f} "
-                  f"(fit {r['fit_seconds']} s, total {time.time() - t0:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"{r['name']}: EM {r['test_em']:.3f} F1 {r['test_f1']:.3f} "
+                f"(fit {r['fit_seconds']} s, total {time.time() - t0:.0f} s)",
+                flush=True,
+            )
     if a.stage in ("all", "report"):
         report(a.out)
 

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -62,22 +62,22 @@ PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIALS = (PAD, BOS, EOS)
 STRUCTURE = ("the", "of", "is", ".", "what", "?", "Question", "Answer", ":", "|", "recall")
 RELATIONS: dict[str, tuple[str, ...]] = {
-    "color": ("red", "blue", "green", "amber", "violet", "black", "white", "grey",
-              "pink", "teal", "gold", "olive", "navy", "ivory"),
-    "city": ("paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito",
-             "sofia", "perth", "dakar", "hanoi", "riga", "bern"),
-    "job": ("baker", "pilot", "judge", "nurse", "miner", "tailor", "poet", "clerk",
-            "smith", "farmer", "cook", "diver", "guard", "mason"),
-    "pet": ("cat", "dog", "owl", "fox", "hare", "frog", "crow", "mole", "newt",
-            "wolf", "lynx", "goat", "seal", "wren"),
-    "food": ("rice", "bread", "soup", "plum", "corn", "fig", "bean", "pear",
-             "kale", "lime", "nut", "yam", "oat", "leek"),
-    "sport": ("chess", "golf", "polo", "judo", "rugby", "tennis", "squash", "rowing",
-              "boxing", "skiing", "diving", "archery", "fencing", "karate"),
-    "tool": ("saw", "drill", "axe", "rake", "hoe", "lathe", "awl", "file",
-             "plane", "chisel", "wrench", "hammer", "anvil", "spade"),
-    "gem": ("ruby", "opal", "jade", "onyx", "pearl", "topaz", "beryl", "agate",
-            "garnet", "quartz", "amber_stone", "coral", "jet", "zircon"),
+    "color": ("red", "blue", "green", "amber", "violet", "black", "white", "grey", "pink",
+            "teal", "gold", "olive", "navy", "ivory"),
+    "city": ("paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "sofia",
+            "perth", "dakar", "hanoi", "riga", "bern"),
+    "job": ("baker", "pilot", "judge", "nurse", "miner", "tailor", "poet", "clerk", "smith",
+            "farmer", "cook", "diver", "guard", "mason"),
+    "pet": ("cat", "dog", "owl", "fox", "hare", "frog", "crow", "mole", "newt", "wolf", "lynx",
+            "goat", "seal", "wren"),
+    "food": ("rice", "bread", "soup", "plum", "corn", "fig", "bean", "pear", "kale", "lime",
+            "nut", "yam", "oat", "leek"),
+    "sport": ("chess", "golf", "polo", "judo", "rugby", "tennis", "squash", "rowing", "boxing",
+            "skiing", "diving", "archery", "fencing", "karate"),
+    "tool": ("saw", "drill", "axe", "rake", "hoe", "lathe", "awl", "file", "plane", "chisel",
+            "wrench", "hammer", "anvil", "spade"),
+    "gem": ("ruby", "opal", "jade", "onyx", "pearl", "topaz", "beryl", "agate", "garnet",
+            "quartz", "amber_stone", "coral", "jet", "zircon"),
 }  # fmt: skip
 _SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "lo", "ni", "da", "ve", "zu", "fi", "go", "pe")
 
@@ -156,22 +156,18 @@ class SyntheticQAExample(EncodedExample):
     answer_span: tuple[int, int] = (0, 0)  # [start, end) of the answer in ``prompt``
 
 
-def _rng(*key: int | str) -> np.random.Generator:
-    parts = [
-        int(hashlib.sha256(k.encode()).hexdigest()[:15], 16) if isinstance(k, str) else int(k)
-        for k in key
-    ]
-    return np.random.default_rng(parts)
+def _rng(*key: int | str) -> random.Random:
+    """A random stream fixed by ``key`` alone (Python's Mersenne Twister: fast small draws)."""
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()
+    return random.Random(int(digest[:32], 16))
 
 
-def _value(rng: np.random.Generator, relation: str, max_words: int) -> tuple[str, ...]:
-    words = RELATIONS[relation]
-    n = int(rng.integers(1, max_words + 1))
-    return tuple(words[i] for i in rng.choice(len(words), size=n, replace=False))
+def _value(rng: random.Random, relation: str, max_words: int) -> tuple[str, ...]:
+    return tuple(rng.sample(RELATIONS[relation], rng.randint(1, max_words)))
 
 
 def generate_world(
-    rng: np.random.Generator,
+    rng: random.Random,
     qid: str,
     entities: Sequence[str],
     facts_per_passage: int,
@@ -180,27 +176,24 @@ def generate_world(
 ) -> SyntheticWorld:
     """One question, its gold passage and ``max_distractors`` distractor passages."""
     relations = list(RELATIONS)
-    who = rng.choice(len(entities), size=1 + max_distractors, replace=False)
+    who = rng.sample(range(len(entities)), 1 + max_distractors)
     entity = entities[who[0]]
-    rels = [relations[i] for i in rng.choice(len(relations), facts_per_passage, replace=False)]
+    rels = rng.sample(relations, facts_per_passage)
     gold = [Fact(entity, r, _value(rng, r, max_value_words)) for r in rels]
-    asked = gold[int(rng.integers(len(gold)))]
+    asked = gold[rng.randrange(len(gold))]
     distractors = []
     for j in who[1:]:
         other = [r for r in relations if r != asked.relation]
-        pick = [other[i] for i in rng.choice(len(other), facts_per_passage - 1, replace=False)]
+        pick = rng.sample(other, facts_per_passage - 1)
         while True:  # the asked relation with another value: only the entity tells it apart
             v = _value(rng, asked.relation, max_value_words)
             if v != asked.value:
                 break
         facts = [Fact(entities[j], asked.relation, v)]
         facts += [Fact(entities[j], r, _value(rng, r, max_value_words)) for r in pick]
-        order = rng.permutation(len(facts))
-        distractors.append([facts[i] for i in order])
-    gold_slot = [int(rng.integers(k + 1)) for k in range(max_distractors + 1)]
-    return SyntheticWorld(
-        qid, entity, asked.relation, asked.value, gold, distractors, gold_slot
-    )  # fmt: skip
+        distractors.append(rng.sample(facts, len(facts)))
+    gold_slot = [rng.randint(0, k) for k in range(max_distractors + 1)]
+    return SyntheticWorld(qid, entity, asked.relation, asked.value, gold, distractors, gold_slot)
 
 
 class SyntheticQADataModule(L.LightningDataModule):
@@ -239,12 +232,21 @@ class SyntheticQADataModule(L.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        check_sizes(num_train=num_train, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                    max_value_words=max_value_words)  # fmt: skip
-        for name, value in (("num_val", num_val), ("num_test", num_test),
-                            ("num_distractors", num_distractors), ("data_seed", data_seed),
-                            ("max_distractors", max_distractors), ("seed", seed),
-                            ("num_workers", num_workers)):  # fmt: skip
+        check_sizes(
+            num_train=num_train,
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            max_value_words=max_value_words,
+        )
+        for name, value in (
+            ("num_val", num_val),
+            ("num_test", num_test),
+            ("num_distractors", num_distractors),
+            ("data_seed", data_seed),
+            ("max_distractors", max_distractors),
+            ("seed", seed),
+            ("num_workers", num_workers),
+        ):
             check_int(name, value, low=0)
         check_int("facts_per_passage", facts_per_passage, low=1)
         if facts_per_passage > len(RELATIONS):
@@ -269,8 +271,10 @@ class SyntheticQADataModule(L.LightningDataModule):
         self.noise_rate, self.noise_in_inputs = noise_rate, noise_in_inputs
         self.data_seed, self.seed = data_seed, seed
         self.batch_size, self.eval_batch_size, self.num_workers = (
-            batch_size, eval_batch_size, num_workers,
-        )  # fmt: skip
+            batch_size,
+            eval_batch_size,
+            num_workers,
+        )
         self.words = build_vocabulary(num_entities)
         self.entities = entity_names(num_entities)
         self.tokenizer = word_tokenizer(self.words)
@@ -293,9 +297,13 @@ class SyntheticQADataModule(L.LightningDataModule):
             n = self.num.get(split, 0)
             self.worlds[split] = [
                 generate_world(
-                    _rng(self.data_seed, salt, i), f"{split}-{i}", self.entities,
-                    self.facts_per_passage, self.max_distractors, self.max_value_words,
-                )  # fmt: skip
+                    _rng(self.data_seed, salt, i),
+                    f"{split}-{i}",
+                    self.entities,
+                    self.facts_per_passage,
+                    self.max_distractors,
+                    self.max_value_words,
+                )
                 for i in range(n)
             ]
         return self.worlds[split]
@@ -317,12 +325,20 @@ class SyntheticQADataModule(L.LightningDataModule):
             if n == pos:
                 gold_span = (start + 1, len(words) + 1)
         words += world.question_words() + ["Answer", ":"]
-        prompt = [self.tokenizer.bos_id] + [self.ids[w] for w in words]  # type: ignore[list-item]
+        prompt = [self.ids[BOS]] + [self.ids[w] for w in words]
         answer = [self.ids[w] for w in world.answer] + [self.tokenizer.eos_id]
         return SyntheticQAExample(
-            world.id, prompt, answer, list(answer), [" ".join(world.answer)], len(passages),
-            len(passages) - 1, [pos], gold_span=gold_span, answer_span=answer_span,
-        )  # fmt: skip
+            world.id,
+            prompt,
+            answer,
+            list(answer),
+            [" ".join(world.answer)],
+            len(passages),
+            len(passages) - 1,
+            [pos],
+            gold_span=gold_span,
+            answer_span=answer_span,
+        )
 
     def corrupt(self, examples: list[SyntheticQAExample]) -> None:
         """Corrupt exactly ``round(noise_rate * N)`` of the N answer tokens (not the EOS)."""
@@ -332,12 +348,12 @@ class SyntheticQADataModule(L.LightningDataModule):
             return
         rng = _rng(self.seed, 23, self.data_seed)
         special = {self.ids[w] for w in SPECIALS}
-        choices = np.array([i for i in range(len(self.words)) if i not in special])
-        for s in np.sort(rng.choice(len(slots), size=n, replace=False)):
-            i, j = slots[int(s)]
+        choices = [i for i in range(len(self.words)) if i not in special]
+        for s in sorted(rng.sample(range(len(slots)), n)):
+            i, j = slots[s]
             ex = examples[i]
             while True:
-                new = int(choices[int(rng.integers(len(choices)))])
+                new = rng.choice(choices)
                 if new != ex.answer[j]:
                     break
             ex.labels[j] = new
@@ -403,8 +419,9 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
     """Plain-text pretraining on the task's passages (no question template, no SFT data).
 
     Each document is 1 to ``1 + max_distractors`` passages of a generated world
-    (uniformly many, in a random order, joined by ``|``) followed by ``recall_per_document`` facts of
-    the document restated as ``recall <entity> <relation> <value> .``
+    (uniformly many, in a random order, joined by ``|``) followed by
+    ``recall_per_document`` facts of the document restated as
+    ``recall <entity> <relation> <value> .``
     (self-supervised from the passages; it teaches reading a fact back from the
     context, in a template other than the question's). Worlds are drawn apart
     from the SFT splits (their own salt), ``num_documents`` of them for
@@ -426,23 +443,31 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
         self.num_documents, self.recall, self.seq_len = num_documents, recall_per_document, seq_len
         self.chunks: dict[str, list[list[int]]] = {}
 
-    def document(self, rng: np.random.Generator, qid: str) -> list[int]:
-        w = generate_world(rng, qid, self.entities, self.facts_per_passage,
-                           self.max_distractors, self.max_value_words)  # fmt: skip
-        passages = [w.gold, *w.distractors][: int(rng.integers(1, 2 + self.max_distractors))]
-        order = rng.permutation(len(passages))
+    def document(self, rng: random.Random, qid: str) -> list[int]:
+        w = generate_world(
+            rng,
+            qid,
+            self.entities,
+            self.facts_per_passage,
+            self.max_distractors,
+            self.max_value_words,
+        )
+        passages = [w.gold, *w.distractors][: rng.randint(1, 1 + self.max_distractors)]
         words: list[str] = []
-        for n, i in enumerate(order):
-            words += (["|"] if n else []) + [x for f in passages[i] for x in f.words()]
+        for n, p in enumerate(rng.sample(passages, len(passages))):
+            words += (["|"] if n else []) + [x for f in p for x in f.words()]
         facts = [f for p in passages for f in p]
-        for i in rng.choice(len(facts), size=min(self.recall, len(facts)), replace=False):
-            words += ["recall", *facts[i].words()]
+        for f in rng.sample(facts, min(self.recall, len(facts))):
+            words += ["recall", *f.words()]
         return [self.tokenizer.eos_id] + [self.ids[x] for x in words]
 
     def setup(self, stage: str | None = None) -> None:
         if self.chunks:
             return
-        for split, n, salt in (("train", self.num_documents, 3), ("val", self.num_documents // 20, 4)):
+        for split, n, salt in (
+            ("train", self.num_documents, 3),
+            ("val", self.num_documents // 20, 4),
+        ):
             ids: list[int] = []
             for i in range(max(n, 1)):
                 ids += self.document(_rng(self.data_seed, salt, i), f"doc-{i}")
@@ -463,6 +488,13 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
 
 def describe(dm: SyntheticQADataModule) -> str:
     """A one-line JSON of the generator's settings (for results files)."""
-    keys = ("num_distractors", "facts_per_passage", "max_value_words", "noise_rate",
-            "noise_in_inputs", "data_seed", "seed")  # fmt: skip
+    keys = (
+        "num_distractors",
+        "facts_per_passage",
+        "max_value_words",
+        "noise_rate",
+        "noise_in_inputs",
+        "data_seed",
+        "seed",
+    )
     return json.dumps({k: getattr(dm, k) for k in keys} | {"vocab": len(dm.words), **dm.num})

@@ -231,7 +231,9 @@ class LanguageSFT(L.LightningModule):
         logits = self(batch["input_ids"], batch["attention_mask"])
         n = int((batch["labels"] != IGNORE_INDEX).sum())
         smoothing = self.label_smoothing if kind is None else 0.0  # evaluation: plain CE
-        loss = token_loss(logits, batch["labels"], kind or self.loss_name, self.focal_gamma, smoothing)
+        loss = token_loss(
+            logits, batch["labels"], kind or self.loss_name, self.focal_gamma, smoothing
+        )
         return loss, n
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:

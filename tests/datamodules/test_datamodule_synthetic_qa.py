@@ -105,7 +105,9 @@ def test_questions_identical_across_distractor_counts():
     a, b = make(num_distractors=0), make(num_distractors=4)
     for x, y in zip(a.encoded["test"], b.encoded["test"]):
         assert x.answer == y.answer and x.prompt[-11:] == y.prompt[-11:]
-        assert x.prompt[x.gold_span[0] : x.gold_span[1]] == y.prompt[y.gold_span[0] : y.gold_span[1]]
+        assert (
+            x.prompt[x.gold_span[0] : x.gold_span[1]] == y.prompt[y.gold_span[0] : y.gold_span[1]]
+        )
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.3, 1.0])
@@ -146,15 +148,16 @@ def test_batch_mask_marks_the_corrupted_targets():
             assert bool(b["label_corrupted"][i, m - 1 + j]) == (j in e.corrupted)
             assert int(b["input_ids"][i, m + j - 1]) == (e.prompt + e.answer)[m + j - 1]
     # left-padded prompts end where the answer starts
-    assert (b["prompt_ids"][:, -2:] == torch.tensor([dm.words.index("Answer"),
-                                                     dm.words.index(":")])).all()  # fmt: skip
+    assert (
+        b["prompt_ids"][:, -2:] == torch.tensor([dm.words.index("Answer"), dm.words.index(":")])
+    ).all()
 
 
 def test_tokenizer_roundtrip_and_generation_speed():
     import time
 
     t = time.time()
-    dm = SyntheticQADataModule(num_train=4000, num_val=100, num_test=500, num_distractors=4)
+    dm = SyntheticQADataModule(num_train=2000, num_val=100, num_test=500, num_distractors=4)
     dm.setup()
     assert time.time() - t < 60  # generated in seconds (generous on a loaded host)
     tok = dm.load_tokenizer()
@@ -188,7 +191,8 @@ def test_label_smoothing_matches_torch():
     ref = F.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1), label_smoothing=0.1)
     assert torch.allclose(token_loss(logits, labels, "ce", smoothing=0.1), ref, atol=1e-6)
     assert torch.allclose(
-        token_loss(logits, labels, "ce"), F.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1))
+        token_loss(logits, labels, "ce"),
+        F.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1)),
     )
 
 

@@ -39,13 +39,47 @@ def test_checkpoint_protocol_runs_and_resumes(tmp_path: Path, checkpoint: Path):
     write_squad_file(root / "squad-dev" / "dev-v1.1.json", articles=16)
     out = tmp_path / "out"
     argv = [
-        "--checkpoint_dir", str(checkpoint), "--datasets", "squad", "--data-root", str(root),
-        "--methods", "off", "bft", "label_smoothing", "--noise", "0.3", "--ckpt-distractors", "1",
-        "--seeds", "0", "--max-steps", "3", "--batch-size", "4", "--accumulate", "1",
-        "--max-length", "160", "--max-eval-examples", "8", "--warmup-steps", "0", "--lr", "1e-2",
-        "--accelerator", "cpu", "--threads", "1", "--log-every", "1",
-        "--out", str(out), "--work", str(tmp_path / "work"),
-    ]  # fmt: skip
+        "--checkpoint_dir",
+        str(checkpoint),
+        "--datasets",
+        "squad",
+        "--data-root",
+        str(root),
+        "--methods",
+        "off",
+        "bft",
+        "label_smoothing",
+        "--noise",
+        "0.3",
+        "--ckpt-distractors",
+        "1",
+        "--seeds",
+        "0",
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--accumulate",
+        "1",
+        "--max-length",
+        "160",
+        "--max-eval-examples",
+        "8",
+        "--warmup-steps",
+        "0",
+        "--lr",
+        "1e-2",
+        "--accelerator",
+        "cpu",
+        "--threads",
+        "1",
+        "--log-every",
+        "1",
+        "--out",
+        str(out),
+        "--work",
+        str(tmp_path / "work"),
+    ]
     mod = _load()
     mod.main(argv)
     summary = json.loads((out / "checkpoint_summary.json").read_text())
@@ -67,5 +101,4 @@ def test_checkpoint_protocol_runs_and_resumes(tmp_path: Path, checkpoint: Path):
 def test_checkpoint_protocol_rejects_cpu_only_methods(tmp_path: Path, checkpoint: Path):
     mod = _load()
     with pytest.raises(SystemExit, match="sft"):
-        mod.main(["--checkpoint_dir", str(checkpoint), "--methods", "sft",
-                  "--out", str(tmp_path)])  # fmt: skip
+        mod.main(["--checkpoint_dir", str(checkpoint), "--methods", "sft", "--out", str(tmp_path)])
