@@ -192,7 +192,7 @@ def pretrain(
 
 
 @torch.no_grad()
-def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 512) -> dict:
+def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 1024) -> dict:
     """Mean Kalman gain per layer at answer positions with a corrupted vs a clean label.
 
     ``target``: the position whose output predicts the label (what the loss reads);
@@ -200,8 +200,8 @@ def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 51
     when the noise is in the inputs, else the clean one).
     """
     model = task.model.eval()
-    items = [e for e in dm.encoded["train"] if e.corrupted][:n]
-    if not items:
+    items = dm.encoded["train"][:n]  # examples with and without corrupted labels
+    if not any(e.corrupted for e in items):
         return {}
     set_recording(model, True)
     acc: dict[str, list[list[float]]] = {}
@@ -359,10 +359,16 @@ def _mean_se(x: list[float]) -> tuple[float, float | None]:
     return float(a.mean()), (float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None)
 
 
-def report(out: Path) -> list[dict]:
-    runs = _runs(out)
-    if not runs:
-        raise SystemExit(f"no runs in {out / 'synthetic_runs'}")
+def _squad_cpu_runs(out: Path) -> list[dict]:
+    """The SQuAD CPU runs of ``reproduce_lm.py`` (``results/lm/runs``), ``sft`` as ``off``."""
+    runs = []
+    for f in sorted((out / "runs").glob("*.json")):
+        r = json.loads(f.read_text())
+        runs.append(r | {"method": "off" if r["method"] == "sft" else r["method"]})
+    return runs
+
+
+def _rows(runs: list[dict], task: str) -> list[dict]:
     rows = []
     conds = sorted({(r["noise_rate"], r["distractors"]) for r in runs})
     for noise, k in conds:
@@ -377,7 +383,7 @@ def report(out: Path) -> list[dict]:
             d, se, n = _paired(runs, m, noise, k, 0) if m != "off" else (0.0, 0.0, 0)
             df1, sef1, _ = _paired(runs, m, noise, k, 1) if m != "off" else (0.0, 0.0, 0)
             row = {
-                "task": "synthetic_qa",
+                "task": task,
                 "method": m,
                 "noise": noise,
                 "distractors": k,
@@ -393,7 +399,11 @@ def report(out: Path) -> list[dict]:
                 "paired_n": n,
                 "fit_seconds_mean": float(np.mean([r["fit_seconds"] for r in rs])),
             }
-            gains = [r["gain_by_corruption"] for r in rs if r.get("gain_by_corruption")]
+            gains = [  # runs whose sample had both corrupted and clean answer labels
+                g
+                for r in rs
+                if (g := r.get("gain_by_corruption")) and g.get("target_clean_n", 0) > 0
+            ]
             if gains:
                 row["gain_K"] = {
                     key: np.mean([g[key] for g in gains], axis=0).round(4).tolist()
@@ -407,7 +417,17 @@ def report(out: Path) -> list[dict]:
                     )
                 }
             rows.append(row)
-    (out / "summary.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def report(out: Path) -> list[dict]:
+    runs = _runs(out)
+    if not runs:
+        raise SystemExit(f"no runs in {out / 'synthetic_runs'}")
+    rows = _rows(runs, "synthetic_qa")
+    squad = _squad_cpu_runs(out)
+    all_rows = rows + (_rows(squad, "squad_v1.1_cpu_988k") if squad else [])
+    (out / "summary.json").write_text(json.dumps(all_rows, indent=1))
     lines = [
         "# Synthetic extractive QA, noisy SFT",
         "",
@@ -531,13 +551,19 @@ def main() -> None:
         default=DATA["max_value_words"],
         help="longest answer in words (the generator's max_value_words)",
     )
+    p.add_argument(
+        "--num-train",
+        type=int,
+        default=DATA["num_train"],
+        help="training questions (>= sft steps x batch: each seen once)",
+    )
     p.add_argument("--facts", type=int, default=DATA["facts_per_passage"], help="facts per passage")
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th run from the i-th")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no run after this")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    DATA.update(max_value_words=a.value_words, facts_per_passage=a.facts)
+    DATA.update(max_value_words=a.value_words, facts_per_passage=a.facts, num_train=a.num_train)
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stage in ("all", "pretrain"):
