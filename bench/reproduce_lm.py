@@ -24,6 +24,19 @@ Run (about 3-4 hours on 2 shared cores; finished runs are skipped)::
 
     OMP_WAIT_POLICY=PASSIVE nice -n 10 python bench/reproduce_lm.py --work /tmp/bft_lm
     python bench/reproduce_lm.py --work /tmp/bft_lm --stage report
+
+With ``--checkpoint_dir DIR`` (a local Llama-format folder, e.g. TinyLlama-1.1B:
+``config.json``, ``*.safetensors``, ``tokenizer.json``) it runs the paper's
+protocol instead, on CUDA when there is one: SFT of that checkpoint on SQuAD
+v1.1, HotpotQA (distractor setting) and NQ-open, methods ``off`` / ``bft`` /
+``focal`` / ``label_smoothing``, label noise 0 / 0.1 / 0.3, distractors
+0 / 2 / 4, seeds 0 1 2, with the settings of ``configs/experiments/lm_tinyllama_*.yaml``
+(lr 2e-5, tau and rho at 100x for BFT, 100 warm-up steps then cosine, 3
+epochs, 8 x 4 sequences per step, bf16, clip 1.0); one JSON per run in
+``<out>/checkpoint_runs/`` (finished runs are skipped) and
+``<out>/checkpoint_summary.json``::
+
+    python bench/reproduce_lm.py --checkpoint_dir /models/TinyLlama-1.1B --out results/lm/tinyllama
 """
 
 from __future__ import annotations
@@ -527,7 +540,135 @@ def _figure(runs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+# ------------------------------------------------------- the protocol on a checkpoint
+# The paper's SFT of a pretrained Llama (TinyLlama-1.1B): the settings of
+# configs/experiments/lm_tinyllama_*.yaml (lr 2e-5, tau/rho at 100x, 100 warm-up
+# steps then cosine, 3 epochs, 32 sequences per step as 8 x 4, bf16, clip 1.0).
+CKPT_DATA: dict[str, dict[str, Any]] = {
+    "squad": dict(
+        dataset="squad", val_groups=4, test_groups=10, distractor_source="other_articles"
+    ),
+    "hotpotqa": dict(
+        dataset="hotpotqa", val_groups=0.1, test_groups=0.3, distractor_source="dataset"
+    ),
+    "nq": dict(dataset="nq", val_groups=0.05, test_groups=0.2, distractor_source="other_articles"),
+}
+CKPT_METHODS: dict[str, dict[str, Any]] = {
+    "off": dict(loss="ce", precision="off"),
+    "bft": dict(loss="ce", precision="on", prior_lr_scale=100.0, gradient_checkpointing=True),
+    "focal": dict(loss="focal", precision="off"),
+    "label_smoothing": dict(loss="ce", precision="off", label_smoothing=0.1),
+}
+
+
+def checkpoint_run(
+    a: argparse.Namespace, dataset: str, method: str, noise: float, k: int, seed: int
+) -> dict[str, Any]:
+    """One SFT run of the checkpoint in ``a.checkpoint_dir``; skipped when its file exists."""
+    name = f"{dataset}_{method}_np{noise:g}_k{k}_s{seed}"
+    file = a.out / "checkpoint_runs" / f"{name}.json"
+    if file.is_file():
+        return json.loads(file.read_text()) | {"skipped": True}
+    opts = dict(CKPT_METHODS[method])
+    precision = opts.pop("precision")
+    L.seed_everything(seed)
+    dm = QADataModule(
+        tokenizer_path=str(a.checkpoint_dir),
+        num_distractors=k,
+        noise_rate=noise,
+        seed=seed,
+        split_seed=0,
+        max_length=a.max_length,
+        max_answer_tokens=32,
+        max_train_examples=a.max_train_examples,
+        max_eval_examples=a.max_eval_examples,
+        batch_size=a.batch_size,
+        eval_batch_size=a.eval_batch_size,
+        data_root=a.data_root,
+        **CKPT_DATA[dataset],
+    )
+    task = LanguageSFT(
+        checkpoint_dir=str(a.checkpoint_dir),
+        bft=BFTOptions(precision=precision),
+        lr=a.lr,
+        warmup_steps=a.warmup_steps,
+        cosine=True,
+        max_new_tokens=32,
+        target_gain=0.95,
+        **opts,
+    )
+    trace = LossTrace(every=a.log_every)
+    cuda = torch.cuda.is_available() and a.accelerator != "cpu"
+    t0 = time.time()
+    trainer = L.Trainer(
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision="bf16-mixed" if cuda else "32-true",
+        max_epochs=a.ckpt_epochs,
+        max_steps=a.max_steps,
+        accumulate_grad_batches=a.accumulate,
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[trace],
+        default_root_dir=a.work,
+    )
+    trainer.fit(task, dm)
+    fit_s = time.time() - t0
+    res = trainer.test(task, dm, verbose=False)[0]
+    per_q = {
+        p["id"]: [round(v, 4) for v in _scores(p["prediction"], p["answers"])]
+        for p in task.predictions
+    }
+    out = {
+        "name": name,
+        "dataset": dataset,
+        "method": method,
+        "noise_rate": noise,
+        "distractors": k,
+        "seed": seed,
+        "checkpoint_dir": str(a.checkpoint_dir),
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "test_em": res["test/em"],
+        "test_f1": res["test/f1"],
+        "test_loss": res["test/loss"],
+        "train_examples": len(dm.encoded["train"]),
+        "steps": trainer.global_step,
+        "fit_seconds": round(fit_s, 1),
+        "train_loss_trace": trace.trace,
+        "per_question": per_q,
+    }
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(out))
+    return out
+
+
+def checkpoint_protocol(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every dataset x method x noise x distractors x seed on the checkpoint, then a summary."""
+    rows = []
+    for d in a.datasets:
+        for s in a.seeds:
+            for n in a.noise:
+                for k in a.ckpt_distractors:
+                    for m in a.methods:
+                        r = checkpoint_run(a, d, m, n, k, s)
+                        print(
+                            f"{r['name']}: EM {r['test_em']:.3f} F1 {r['test_f1']:.3f} "
+                            f"({r['fit_seconds']} s fit)",
+                            flush=True,
+                        )
+                        rows.append(r)
+    summary = [
+        {k: v for k, v in r.items() if k not in ("per_question", "train_loss_trace")} for r in rows
+    ]
+    (a.out / "checkpoint_summary.json").write_text(json.dumps(summary, indent=1))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/bft_lm"))
     p.add_argument("--out", type=Path, default=REPO / "results" / "lm")
@@ -539,8 +680,49 @@ def main() -> None:
     p.add_argument("--distractors", type=int, default=2)
     p.add_argument("--methods", nargs="+", default=list(METHODS))
     p.add_argument("--threads", type=int, default=2)
-    a = p.parse_args()
+    g = p.add_argument_group("the protocol on a local Llama-format checkpoint (GPU)")
+    g.add_argument(
+        "--checkpoint_dir",
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="a local Llama-format folder (config.json, *.safetensors, tokenizer.json):"
+        " runs SFT on --datasets with the paper's settings and writes "
+        "<out>/checkpoint_runs/ and <out>/checkpoint_summary.json",
+    )
+    g.add_argument(
+        "--datasets", nargs="+", default=["squad", "hotpotqa", "nq"], choices=sorted(CKPT_DATA)
+    )
+    g.add_argument("--ckpt-distractors", type=int, nargs="+", default=[0, 2, 4])
+    g.add_argument("--ckpt-epochs", type=int, default=3)
+    g.add_argument("--max-steps", type=int, default=-1, help="optimizer steps cap (-1: epochs)")
+    g.add_argument("--lr", type=float, default=2e-5)
+    g.add_argument("--warmup-steps", type=int, default=100)
+    g.add_argument("--batch-size", type=int, default=8)
+    g.add_argument("--accumulate", type=int, default=4)
+    g.add_argument("--eval-batch-size", type=int, default=32)
+    g.add_argument("--max-length", type=int, default=1024)
+    g.add_argument("--max-train-examples", type=int, default=None)
+    g.add_argument("--max-eval-examples", type=int, default=None)
+    g.add_argument("--data-root", default=None)
+    g.add_argument("--accelerator", choices=("auto", "cpu"), default="auto")
+    g.add_argument("--log-every", type=int, default=20)
+    a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
+    if a.checkpoint_dir is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        a.work.mkdir(parents=True, exist_ok=True)
+        if a.methods == list(METHODS):  # the CPU protocol's default: take the paper's four
+            a.methods = list(CKPT_METHODS)
+        if a.noise == [0.0, 0.2, 0.4]:  # the paper's rates, 3 seeds
+            a.noise = [0.0, 0.1, 0.3]
+        if a.seeds == [0, 1]:
+            a.seeds = [0, 1, 2]
+        bad = [m for m in a.methods if m not in CKPT_METHODS]
+        if bad:
+            raise SystemExit(f"--methods {bad}: with --checkpoint_dir use {list(CKPT_METHODS)}")
+        checkpoint_protocol(a)
+        return
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stage in ("all", "pretrain"):

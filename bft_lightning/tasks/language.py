@@ -40,11 +40,14 @@ LOSSES = ("ce", "focal")
 IGNORE_INDEX = -100
 
 
-def token_loss(logits: Tensor, labels: Tensor, kind: str = "ce", gamma: float = 2.0) -> Tensor:
+def token_loss(
+    logits: Tensor, labels: Tensor, kind: str = "ce", gamma: float = 2.0, smoothing: float = 0.0
+) -> Tensor:
     """Mean over labelled tokens of ``-log p`` (``ce``) or ``-(1 - p)^gamma log p`` (``focal``).
 
     logits: (B, T, V); labels: (B, T) with ``-100`` where there is no target.
     Only the labelled rows are normalised (in float32), so memory is O(N V).
+    ``smoothing`` (``ce`` only): label smoothing, ``(1 - s) (-log p_y) + s mean_v(-log p_v)``.
     """
     sel = labels != IGNORE_INDEX
     if not bool(sel.any()):
@@ -52,6 +55,8 @@ def token_loss(logits: Tensor, labels: Tensor, kind: str = "ce", gamma: float = 
     logp = F.log_softmax(logits[sel].float(), dim=-1)  # (N, V)
     logp_y = logp.gather(1, labels[sel].unsqueeze(1)).squeeze(1)  # (N,)
     if kind == "ce":
+        if smoothing:
+            return -((1.0 - smoothing) * logp_y + smoothing * logp.mean(-1)).mean()
         return -logp_y.mean()
     if kind == "focal":
         # 1 - p floored at 2^-24: with gamma < 1 the derivative of (1 - p)^gamma is
@@ -73,6 +78,7 @@ class LanguageSFT(L.LightningModule):
             else the defaults (precision off).
         loss: ``"ce"`` or ``"focal"``.
         focal_gamma: ``gamma`` of the focal loss (0 gives cross-entropy).
+        label_smoothing: label smoothing of the cross-entropy (training only; 0: none).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay (not on norms, biases, tau, rho).
         prior_lr_scale: learning-rate multiplier of tau and rho.
@@ -110,6 +116,7 @@ class LanguageSFT(L.LightningModule):
         target_gain: float = 0.95,
         export_dir: str | None = None,
         gradient_checkpointing: bool = False,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
         if loss not in LOSSES:
@@ -117,6 +124,9 @@ class LanguageSFT(L.LightningModule):
         if config is None and checkpoint_dir is None:
             raise ValueError("give a model config (from scratch) or a checkpoint_dir")
         check_number("focal_gamma", focal_gamma, 0.0)
+        check_number("label_smoothing", label_smoothing, 0.0, 1.0, high_open=True)
+        if label_smoothing and loss != "ce":
+            raise ValueError(f"label_smoothing applies to loss='ce', not {loss!r}")
         for name, value in (("lr", lr), ("weight_decay", weight_decay),
                             ("prior_lr_scale", prior_lr_scale)):  # fmt: skip
             check_number(name, value, 0.0)
@@ -147,6 +157,7 @@ class LanguageSFT(L.LightningModule):
         self.hparams["bft"] = asdict(self.model.bft)
         self.model.model.gradient_checkpointing = gradient_checkpointing
         self.loss_name, self.focal_gamma = loss, focal_gamma
+        self.label_smoothing = label_smoothing
         self.lr, self.weight_decay, self.prior_lr_scale = lr, weight_decay, prior_lr_scale
         self.warmup_steps, self.cosine = warmup_steps, cosine
         self.max_new_tokens, self.generate, self.calibrate = max_new_tokens, generate, calibrate
@@ -219,7 +230,11 @@ class LanguageSFT(L.LightningModule):
     def _loss(self, batch: dict[str, Any], kind: str | None = None) -> tuple[Tensor, int]:
         logits = self(batch["input_ids"], batch["attention_mask"])
         n = int((batch["labels"] != IGNORE_INDEX).sum())
-        return token_loss(logits, batch["labels"], kind or self.loss_name, self.focal_gamma), n
+        smoothing = self.label_smoothing if kind is None else 0.0  # evaluation: plain CE
+        loss = token_loss(
+            logits, batch["labels"], kind or self.loss_name, self.focal_gamma, smoothing
+        )
+        return loss, n
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, n = self._loss(batch)

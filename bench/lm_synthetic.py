@@ -1,0 +1,595 @@
+"""Noisy SFT on generated extractive QA (``bft_lightning.datamodules.synthetic_qa``).
+
+A task a small Llama-style model learns well on a CPU, so that label noise and
+distractors have room to hurt (the SQuAD CPU protocol of ``reproduce_lm.py``
+stays below 1% EM). Stages:
+
+1. ``pretrain``: one shared model, language modelling on the task's passages
+   (with self-supervised "recall" restatements, no question template), exported
+   in Llama format to ``--work/base-<model>``; done once, reused by every run;
+2. ``sft``: for each method x noise x distractors x seed, a short SFT from that
+   base (off: cross-entropy; bft: precision on, calibrated, cross-entropy;
+   focal: gamma 2; label_smoothing: 0.1), then greedy answers on the clean test
+   questions (the same 500 for every run) and, for BFT, the Kalman gain K at the
+   answer positions whose training label was corrupted against the clean ones.
+   Each run writes ``results/lm/synthetic_runs/<name>.json`` and is skipped
+   when that file exists (resumable); ``--shard i/n`` takes every n-th run, so
+   two 1-thread jobs can share a grid;
+3. ``report``: ``results/lm/summary.json`` (one row per method x noise x
+   distractors, EM/F1 fractions, paired differences against ``off`` over the
+   same test questions and seeds), ``results/lm/synthetic_tables.md`` and the
+   plot ``results/lm/synthetic_em_vs_noise.png``.
+
+Run (1 thread each; see docs/lm.md for the measured cost per run)::
+
+    OMP_NUM_THREADS=1 nice -n 5 python bench/lm_synthetic.py --stage pretrain
+    OMP_NUM_THREADS=1 nice -n 5 python bench/lm_synthetic.py --stage sft \\
+        --methods off bft --noise 0 0.1 0.3 --distractors 0 --seeds 0 1 2
+    python bench/lm_synthetic.py --stage report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from bft_lightning.datamodules.synthetic_qa import (
+    SyntheticQADataModule,
+    SyntheticQAPretrainDataModule,
+    collate_synthetic,
+)
+from bft_lightning.metrics.qa import qa_scores
+from bft_lightning.models.llama import BFTOptions, LlamaConfig
+from bft_lightning.nn.stats import set_recording
+from bft_lightning.tasks.language import LanguageSFT
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "results" / "lm"
+METHODS: dict[str, dict[str, Any]] = {  # name -> LanguageSFT options
+    "off": {"loss": "ce", "precision": "off"},
+    "bft": {"loss": "ce", "precision": "on"},
+    "focal": {"loss": "focal", "precision": "off"},
+    "label_smoothing": {"loss": "ce", "precision": "off", "label_smoothing": 0.1},
+}
+MODELS = {  # Llama-style sizes (the vocabulary is the generator's, 284 ids)
+    "d128": dict(
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "d128l2": dict(
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "d192": dict(
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+    "d256": dict(
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+}
+DATA = dict(
+    num_train=2000,
+    num_val=100,
+    num_test=500,
+    max_distractors=4,
+    facts_per_passage=4,
+    max_value_words=3,
+    data_seed=0,
+)
+
+
+def _trainer(work: Path, **kw: Any) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=work,
+        **kw,
+    )
+
+
+class LossTrace(L.Callback):
+    def __init__(self, every: int = 25) -> None:
+        self.every, self.window, self.trace = every, [], []  # type: ignore[var-annotated]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self.window.append(float(outputs["loss"]))
+        if len(self.window) == self.every:
+            self.trace.append(round(sum(self.window) / self.every, 4))
+            self.window = []
+            print(f"  step {trainer.global_step}: loss {self.trace[-1]}", flush=True)
+
+
+def model_config(name: str, vocab: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **MODELS[name],
+    )
+
+
+def pretrain(
+    work: Path, model: str, steps: int, lr: float, init: Path | None = None, data_seed: int = 0
+) -> dict[str, Any]:
+    """Pretrain (or, from ``init``, continue pretraining) the shared base model."""
+    base = work / f"base-{model}"
+    done = work / f"pretrain-{model}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    L.seed_everything(0)
+    dm = SyntheticQAPretrainDataModule(
+        num_documents=max(steps * 32 // 2, 2000),
+        recall_per_document=4,
+        seq_len=64,
+        batch_size=32,
+        eval_batch_size=64,
+        **(DATA | {"data_seed": data_seed}),  # type: ignore[arg-type]
+    )
+    task = LanguageSFT(
+        None if init else model_config(model, dm.vocab_size),
+        checkpoint_dir=str(init) if init else None,
+        lr=lr,
+        weight_decay=0.1,
+        warmup_steps=50,
+        cosine=True,
+        generate=False,
+        export_dir=str(base),
+    )
+    trace = LossTrace()
+    t0 = time.time()
+    trainer = _trainer(
+        work,
+        max_steps=steps,
+        callbacks=[trace],
+        limit_val_batches=10,
+        val_check_interval=max(steps // 2, 1),
+        check_val_every_n_epoch=None,
+    )
+    trainer.fit(task, dm)
+    dm.tokenizer.save(str(base / "tokenizer.json"))
+    out = {
+        "model": model,
+        "steps": steps,
+        "lr": lr,
+        "seconds": round(time.time() - t0),
+        "init": str(init) if init else None,
+        "data_seed": data_seed,
+        "params": sum(p.numel() for p in task.model.parameters()),
+        "val_loss": float(trainer.callback_metrics["val/loss"]),
+        "train_loss_trace": trace.trace,
+        "tokens": steps * 32 * 64,
+    }
+    done.write_text(json.dumps(out, indent=1))
+    return out
+
+
+@torch.no_grad()
+def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 1024) -> dict:
+    """Mean Kalman gain per layer at answer positions with a corrupted vs a clean label.
+
+    ``target``: the position whose output predicts the label (what the loss reads);
+    ``token``: the position that reads the answer token (the corrupted token itself
+    when the noise is in the inputs, else the clean one).
+    """
+    model = task.model.eval()
+    items = dm.encoded["train"][:n]  # examples with and without corrupted labels
+    if not any(e.corrupted for e in items):
+        return {}
+    set_recording(model, True)
+    acc: dict[str, list[list[float]]] = {}
+    for i in range(0, len(items), 64):
+        b = collate_synthetic(items[i : i + 64])
+        model(b["input_ids"], b["attention_mask"])
+        answer = (b["labels"] != -100).clone()
+        eos = b["labels"] == 2
+        answer &= ~eos
+        bad = b["label_corrupted"]
+        good = answer & ~bad
+        bad_tok = torch.zeros_like(bad)
+        good_tok = torch.zeros_like(bad)
+        bad_tok[:, 1:], good_tok[:, 1:] = bad[:, :-1], good[:, :-1]
+        for li, layer in enumerate(model.model.decoder_layers):
+            st = layer.last_stats
+            assert st is not None
+            g = st.gain.mean(-1)  # (B, T): mean over groups
+            for key, m in (
+                ("target_corrupted", bad),
+                ("target_clean", good),
+                ("token_corrupted", bad_tok),
+                ("token_clean", good_tok),
+            ):
+                acc.setdefault(key, [[] for _ in model.model.decoder_layers])[li] += g[m].tolist()
+    set_recording(model, False)
+    out: dict[str, Any] = {}
+    for key, layers in acc.items():
+        out[key] = [float(np.mean(v)) if v else float("nan") for v in layers]
+        out[key + "_n"] = len(layers[0])
+    # a paired-free summary: difference corrupted - clean per layer, with its SE
+    for where in ("target", "token"):
+        diffs, ses = [], []
+        for a, b_ in zip(acc[f"{where}_corrupted"], acc[f"{where}_clean"]):
+            x, y = np.asarray(a), np.asarray(b_)
+            diffs.append(float(x.mean() - y.mean()))
+            ses.append(float(math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))))
+        out[f"{where}_diff"], out[f"{where}_diff_se"] = diffs, ses
+    return out
+
+
+def run_name(method: str, noise: float, k: int, seed: int) -> str:
+    return f"{method}_np{noise:g}_k{k}_s{seed}"
+
+
+def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int, seed: int):
+    name = run_name(method, noise, k, seed)
+    file = a.out / "synthetic_runs" / f"{name}.json"
+    if file.is_file():
+        return json.loads(file.read_text())
+    opts = dict(METHODS[method])
+    precision = opts.pop("precision")
+    L.seed_everything(seed)
+    t_data = time.time()
+    dm = SyntheticQADataModule(
+        num_distractors=k,
+        noise_rate=noise,
+        noise_in_inputs=a.noise_in_inputs,
+        seed=seed,
+        batch_size=a.batch_size,
+        **DATA,  # type: ignore[arg-type]
+    )
+    dm.setup()
+    t_data = time.time() - t_data
+    task = LanguageSFT(
+        checkpoint_dir=str(work / f"base-{a.model}"),
+        bft=BFTOptions(precision=precision),
+        focal_gamma=2.0,
+        lr=a.lr,
+        warmup_steps=10,
+        cosine=True,
+        max_new_tokens=DATA["max_value_words"] + 1,
+        target_gain=0.95,
+        **opts,
+    )
+    trace = LossTrace()
+    t0 = time.time()
+    trainer = _trainer(work, max_steps=a.sft_steps, callbacks=[trace], limit_val_batches=0)
+    trainer.fit(task, dm)
+    fit_s = time.time() - t0
+    t1 = time.time()
+    res = trainer.test(task, dm, verbose=False)[0]
+    test_s = time.time() - t1
+    per_q = {
+        p["id"]: [round(v, 4) for v in qa_scores(p["prediction"], p["answers"])]
+        for p in task.predictions
+    }
+    result: dict[str, Any] = {
+        "name": name,
+        "method": method,
+        "noise_rate": noise,
+        "distractors": k,
+        "seed": seed,
+        "model": a.model,
+        "sft_steps": a.sft_steps,
+        "batch_size": a.batch_size,
+        "lr": a.lr,
+        "noise_in_inputs": a.noise_in_inputs,
+        "corrupted_fraction": dm.corrupted_fraction,
+        "data": dict(DATA),
+        "pretrain": json.loads((work / f"pretrain-{a.model}.json").read_text()),
+        "test_em": res["test/em"],
+        "test_f1": res["test/f1"],
+        "test_loss": res["test/loss"],
+        "fit_seconds": round(fit_s, 1),
+        "test_seconds": round(test_s, 1),
+        "data_seconds": round(t_data, 1),
+        "train_loss_trace": trace.trace,
+        "per_question": per_q,
+        "examples": [p for p in task.predictions[:5]],
+    }
+    if precision == "on":
+        rep = task.calibration_report
+        result["calibration"] = {"median_gain": rep.median_gain, "q": rep.q}
+        if noise > 0:
+            result["gain_by_corruption"] = gain_by_corruption(task, dm)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(result))
+    return result
+
+
+# --------------------------------------------------------------------------- report
+def _runs(out: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted((out / "synthetic_runs").glob("*.json"))]
+
+
+def _paired(runs: list[dict], method: str, noise: float, k: int, metric: int) -> tuple:
+    """Mean per-question difference method - off (same question, same seed) and its SE."""
+    diffs = []
+    for r in runs:
+        if (r["method"], r["noise_rate"], r["distractors"]) != (method, noise, k):
+            continue
+        ref = next(
+            (
+                x
+                for x in runs
+                if (x["method"], x["noise_rate"], x["distractors"], x["seed"])
+                == ("off", noise, k, r["seed"])
+            ),
+            None,
+        )
+        if ref is None:
+            continue
+        diffs += [
+            r["per_question"][q][metric] - ref["per_question"][q][metric] for q in r["per_question"]
+        ]
+    if not diffs:
+        return None, None, 0
+    d = np.asarray(diffs)
+    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d)
+
+
+def _mean_se(x: list[float]) -> tuple[float, float | None]:
+    a = np.asarray(x, dtype=float)
+    return float(a.mean()), (float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None)
+
+
+def _squad_cpu_runs(out: Path) -> list[dict]:
+    """The SQuAD CPU runs of ``reproduce_lm.py`` (``results/lm/runs``), ``sft`` as ``off``."""
+    runs = []
+    for f in sorted((out / "runs").glob("*.json")):
+        r = json.loads(f.read_text())
+        runs.append(r | {"method": "off" if r["method"] == "sft" else r["method"]})
+    return runs
+
+
+def _rows(runs: list[dict], task: str) -> list[dict]:
+    rows = []
+    conds = sorted({(r["noise_rate"], r["distractors"]) for r in runs})
+    for noise, k in conds:
+        for m in METHODS:
+            rs = [
+                r for r in runs if (r["method"], r["noise_rate"], r["distractors"]) == (m, noise, k)
+            ]
+            if not rs:
+                continue
+            em, em_se = _mean_se([r["test_em"] for r in rs])
+            f1, f1_se = _mean_se([r["test_f1"] for r in rs])
+            d, se, n = _paired(runs, m, noise, k, 0) if m != "off" else (0.0, 0.0, 0)
+            df1, sef1, _ = _paired(runs, m, noise, k, 1) if m != "off" else (0.0, 0.0, 0)
+            row = {
+                "task": task,
+                "method": m,
+                "noise": noise,
+                "distractors": k,
+                "seeds": sorted(r["seed"] for r in rs),
+                "em": em,
+                "f1": f1,
+                "paired_delta_em": d,
+                "paired_se_em": se,
+                "em_se_seeds": em_se,
+                "f1_se_seeds": f1_se,
+                "paired_delta_f1": df1,
+                "paired_se_f1": sef1,
+                "paired_n": n,
+                "fit_seconds_mean": float(np.mean([r["fit_seconds"] for r in rs])),
+            }
+            gains = [  # runs whose sample had both corrupted and clean answer labels
+                g
+                for r in rs
+                if (g := r.get("gain_by_corruption")) and g.get("target_clean_n", 0) > 0
+            ]
+            if gains:
+                row["gain_K"] = {
+                    key: np.mean([g[key] for g in gains], axis=0).round(4).tolist()
+                    for key in (
+                        "target_corrupted",
+                        "target_clean",
+                        "target_diff",
+                        "token_corrupted",
+                        "token_clean",
+                        "token_diff",
+                    )
+                }
+            rows.append(row)
+    return rows
+
+
+def report(out: Path) -> list[dict]:
+    runs = _runs(out)
+    if not runs:
+        raise SystemExit(f"no runs in {out / 'synthetic_runs'}")
+    rows = _rows(runs, "synthetic_qa")
+    squad = _squad_cpu_runs(out)
+    all_rows = rows + (_rows(squad, "squad_v1.1_cpu_988k") if squad else [])
+    (out / "summary.json").write_text(json.dumps(all_rows, indent=1))
+    lines = [
+        "# Synthetic extractive QA, noisy SFT",
+        "",
+        "(generated by `bench/lm_synthetic.py --stage report`)",
+        "",
+        "EM/F1 on the 500 clean test questions (mean over seeds, ± SE over seeds); paired "
+        "differences against `off` over the same questions and seeds (± paired SE).",
+        "",
+        "| noise | k | method | seeds | EM | F1 | ΔEM vs off | ΔF1 vs off | fit s/run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        se = f" ± {r['em_se_seeds']:.3f}" if r["em_se_seeds"] is not None else ""
+        fse = f" ± {r['f1_se_seeds']:.3f}" if r["f1_se_seeds"] is not None else ""
+        dl = (
+            f"{r['paired_delta_em']:+.3f} ± {r['paired_se_em']:.3f}"
+            if r["method"] != "off" and r["paired_delta_em"] is not None
+            else ""
+        )
+        df = (
+            f"{r['paired_delta_f1']:+.3f} ± {r['paired_se_f1']:.3f}"
+            if r["method"] != "off" and r["paired_delta_f1"] is not None
+            else ""
+        )
+        lines.append(
+            f"| {r['noise']:g} | {r['distractors']} | {r['method']} | {len(r['seeds'])} | "
+            f"{r['em']:.3f}{se} | {r['f1']:.3f}{fse} | {dl} | {df} | {r['fit_seconds_mean']:.0f} |"
+        )
+    gl = [
+        "",
+        "## BFT: Kalman gain K at answer positions, corrupted vs clean training labels",
+        "",
+        "Per layer, mean over seeds; `target`: the position that predicts the label; "
+        "`token`: the position that reads the answer token.",
+        "",
+        "| noise | k | where | K corrupted | K clean | corrupted - clean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        g = r.get("gain_K")
+        if not g:
+            continue
+        for where in ("target", "token"):
+            fmt = lambda v: " / ".join(f"{x:.4f}" for x in v)  # noqa: E731
+            gl.append(
+                f"| {r['noise']:g} | {r['distractors']} | {where} | "
+                f"{fmt(g[where + '_corrupted'])} | {fmt(g[where + '_clean'])} | "
+                f"{fmt(g[where + '_diff'])} |"
+            )
+    (out / "synthetic_tables.md").write_text("\n".join(lines + gl) + "\n")
+    print("\n".join(lines + gl))
+    _figure(rows, out / "synthetic_em_vs_noise.png")
+    return rows
+
+
+def _figure(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted({r["distractors"] for r in rows})
+    fig, axes = plt.subplots(1, len(ks), figsize=(5 * len(ks), 4), squeeze=False)
+    for ax, k in zip(axes[0], ks):
+        for m in METHODS:
+            pts = sorted(
+                (r["noise"], r["em"], r["em_se_seeds"] or 0.0)
+                for r in rows
+                if r["method"] == m and r["distractors"] == k
+            )
+            if pts:
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    yerr=[p[2] for p in pts],
+                    marker="o",
+                    capsize=3,
+                    label=m,
+                )
+        ax.set(
+            xlabel="label-noise rate (fraction of answer tokens)",
+            ylabel="test EM (clean)",
+            title=f"synthetic QA, {k} distractors",
+        )
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path("/tmp/bft_lm_synth"))
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--stage", choices=("all", "pretrain", "sft", "report"), default="all")
+    p.add_argument("--model", choices=sorted(MODELS), default="d128")
+    p.add_argument("--pretrain-steps", type=int, default=1500)
+    p.add_argument("--pretrain-lr", type=float, default=3e-3)
+    p.add_argument(
+        "--pretrain-init",
+        type=Path,
+        default=None,
+        help="continue pretraining from this exported base",
+    )
+    p.add_argument(
+        "--pretrain-data-seed",
+        type=int,
+        default=0,
+        help="seed of the pretraining documents (another one when continuing)",
+    )
+    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.1, 0.3])
+    p.add_argument("--distractors", type=int, nargs="+", default=[0])
+    p.add_argument("--methods", nargs="+", default=["off", "bft"], choices=list(METHODS))
+    p.add_argument("--noise-in-inputs", action="store_true")
+    p.add_argument(
+        "--value-words",
+        type=int,
+        default=DATA["max_value_words"],
+        help="longest answer in words (the generator's max_value_words)",
+    )
+    p.add_argument(
+        "--num-train",
+        type=int,
+        default=DATA["num_train"],
+        help="training questions (>= sft steps x batch: each seen once)",
+    )
+    p.add_argument("--facts", type=int, default=DATA["facts_per_passage"], help="facts per passage")
+    p.add_argument("--shard", default="0/1", help="i/n: run every n-th run from the i-th")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no run after this")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    DATA.update(max_value_words=a.value_words, facts_per_passage=a.facts, num_train=a.num_train)
+    a.work.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.stage in ("all", "pretrain"):
+        info = pretrain(
+            a.work, a.model, a.pretrain_steps, a.pretrain_lr, a.pretrain_init, a.pretrain_data_seed
+        )
+        print("pretrain:", {k: v for k, v in info.items() if k != "train_loss_trace"}, flush=True)
+    if a.stage in ("all", "sft"):
+        i, n = map(int, a.shard.split("/"))
+        grid = [
+            (m, x, k, s) for s in a.seeds for k in a.distractors for x in a.noise for m in a.methods
+        ]
+        for m, x, k, s in grid[i::n]:
+            if a.stop_at and time.strftime("%H:%M", time.gmtime()) >= a.stop_at:
+                print(f"stopping: it is past {a.stop_at} UTC", flush=True)
+                break
+            t0 = time.time()
+            r = run_sft(a.work, a, m, x, k, s)
+            print(
+                f"{r['name']}: EM {r['test_em']:.3f} F1 {r['test_f1']:.3f} "
+                f"(fit {r['fit_seconds']} s, total {time.time() - t0:.0f} s)",
+                flush=True,
+            )
+    if a.stage in ("all", "report"):
+        report(a.out)
+
+
+if __name__ == "__main__":
+    main()
