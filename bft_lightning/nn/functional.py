@@ -230,6 +230,10 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     values: (B, H, T, d_h); valid: (B, T) or None (all valid). The sums are
     products of the 0/1 weights with the values as a (B T, H d_h) float64 matrix
     (a view of the in-projection's output, widened): no gather of the valid rows.
+    The rows outside ``valid`` are zeroed first, so a non-finite value there
+    (``0 * inf = nan`` in the product) changes nothing; with finite values the
+    sums are those of the weights alone (exact zeros added). No data-dependent
+    branch: ``torch.compile(fullgraph=True)`` traces it.
     """
     b, h, t, dh = values.shape
     f64 = torch.float64
@@ -237,9 +241,11 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     if valid is None:
         w = torch.ones(1, b * t, dtype=f64, device=values.device)
     else:
-        w = valid.to(f64).reshape(1, b * t)  # any layout (a transposed mask too)
+        keep = valid.reshape(b * t, 1)  # any layout (a transposed mask too)
+        rows = torch.where(keep, rows, torch.zeros((), dtype=f64, device=rows.device))
+        w = keep.to(f64).reshape(1, b * t)
     per_channel = torch.mm(w, rows).view(h, dh)
-    per_head_sq = torch.mm(w, rows * rows).view(h, dh).sum(dim=1)  # rows may be the input
+    per_head_sq = torch.mm(w, rows * rows).view(h, dh).sum(dim=1)
     return torch.cat([per_channel.sum(dim=1), per_head_sq, w.sum().view(1), per_channel.flatten()])
 
 
@@ -252,22 +258,23 @@ def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: 
     current sequence alone, so causality holds). Under ``torch.distributed``
     the moments are summed over all processes first, so every rank holds the
     sill one process would compute over the global batch (every rank must then
-    run its training forwards in step, as DDP does).
+    run its training forwards in step, as DDP does). Fewer than 2 valid
+    positions (over all ranks) leave the sill as it is. Branch-free in the
+    data (the count selects by ``torch.where``), so it compiles in one graph.
     values: (B, H, T, d_h); valid: (B, T); sill: (H,).
     """
     moments = _sill_moments(values, valid)
-    if not bool(torch.isfinite(moments).all()):  # non-finite values at padding: select
-        moments = _sill_moments(values.transpose(1, 2)[valid].unsqueeze(0).transpose(1, 2), None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(moments)
     h, dh = values.shape[1], values.shape[3]
     n = moments[2 * h]
-    if n < 2:
-        return
-    mean = moments[2 * h + 1 :].view(h, dh) / n  # (H, d_h)
-    var = moments[h : 2 * h] / (n * dh) - mean.square().mean(dim=1)  # (H,)
-    sill.lerp_(var.clamp_min(0).to(sill.dtype), momentum)
+    enough = n >= 2
+    n_safe = torch.where(enough, n, torch.ones_like(n))  # no 0 / 0 in the unselected branch
+    mean = moments[2 * h + 1 :].view(h, dh) / n_safe  # (H, d_h)
+    var = moments[h : 2 * h] / (n_safe * dh) - mean.square().mean(dim=1)  # (H,)
+    moved = torch.lerp(sill, var.clamp_min(0).to(sill.dtype), momentum)
+    sill.copy_(torch.where(enough, moved, sill))
 
 
 def kalman_gain(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:
