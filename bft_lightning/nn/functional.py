@@ -15,11 +15,11 @@ variance of the group's channels.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 LOG_PREC_MIN = -20.0
 LOG_PREC_MAX = 20.0
@@ -320,7 +320,7 @@ def norm_sigma(x: Tensor, eps: float, rms: bool = False, backward: str = "custom
     """The norm's own denominator per token: std for LayerNorm, rms for RMSNorm.
 
     x: (B, T, d). Returns (B, T) float32. ``backward="custom"``: LayerNorm's
-    through :class:`_LayerNormSigma` (keeps only ``x``); ``"autograd"``: the
+    through :func:`layer_norm_sigma` (keeps only ``x``); ``"autograd"``: the
     plain formula (for ``torch.compile``: inductor on CUDA, torch 2.11, returned
     zero gradients through the hand-written Function). Same values and gradients.
     """
@@ -330,30 +330,40 @@ def norm_sigma(x: Tensor, eps: float, rms: bool = False, backward: str = "custom
     if backward == "autograd":
         centred = x - x.mean(dim=-1, keepdim=True)
         return torch.sqrt(centred.square().mean(dim=-1) + eps)
-    return _LayerNormSigma.apply(x, eps)
+    return layer_norm_sigma(x, float(eps))
 
 
-class _LayerNormSigma(torch.autograd.Function):
+@torch.library.custom_op("bft_lightning::layer_norm_sigma", mutates_args=())
+def layer_norm_sigma(x: Tensor, eps: float) -> Tensor:
     """``sqrt(Var(x) + eps)`` over the last dim.
 
     By hand because ``Tensor.var``'s last-dim reduction is slower on CPU,
     and with its own backward so that only ``x`` (which the norm keeps
     anyway) and the (B, T) result are saved: ``d sigma / dx = (x - mean) / (d sigma)``.
+    A ``torch.library`` custom op (fake implementation, backward registered), not
+    an autograd Function: ``torch.compile`` keeps it in one graph, also with
+    ``dynamic=True`` (which traces the float ``eps`` as a symbol).
     """
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return centred.square_().mean(dim=-1).add_(eps).sqrt_()
 
-    @staticmethod
-    def forward(ctx, x: Tensor, eps: float) -> Tensor:  # type: ignore[override]
-        centred = x - x.mean(dim=-1, keepdim=True)
-        sigma = centred.square_().mean(dim=-1).add_(eps).sqrt_()
-        ctx.save_for_backward(x, sigma)
-        return sigma
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        x, sigma = ctx.saved_tensors
-        centred = x - x.mean(dim=-1, keepdim=True)
-        return centred.mul_((grad / (sigma * x.shape[-1])).unsqueeze(-1)), None
+@layer_norm_sigma.register_fake
+def _(x: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape[:-1])
+
+
+def _sigma_setup_context(ctx: Any, inputs: tuple[Tensor, float], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[0], output)
+
+
+def _sigma_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    x, sigma = ctx.saved_tensors
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return centred * (grad / (sigma * x.shape[-1])).unsqueeze(-1), None
+
+
+layer_norm_sigma.register_autograd(_sigma_grad, setup_context=_sigma_setup_context)
 
 
 def scale_groups(x: Tensor, per_group: Tensor) -> Tensor:

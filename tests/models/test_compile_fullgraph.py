@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from bft_lightning.models import BERT4Rec, HSTU, SASRec
+from bft_lightning.models import HSTU, BERT4Rec, SASRec
 from bft_lightning.models.bft_options import BFTOptions
 from bft_lightning.models.llama import LlamaForCausalLM
 from bft_lightning.models.llama_config import LlamaConfig
@@ -105,7 +105,7 @@ def test_fullgraph_eval_matches_eager(name):
         compare(name, train=False, dropout=0.1, steps=1, rtol=0.0, atol=0.0)
 
 
-@pytest.mark.parametrize("name", ["sasrec", "llama"])
+@pytest.mark.parametrize("name", ["sasrec", pytest.param("llama", marks=pytest.mark.slow)])
 def test_fullgraph_bfloat16_autocast_matches_eager(name):
     # the attention kernel and the FFN under bfloat16 autocast, the precision path in float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -124,7 +124,11 @@ def test_training_with_dropout_differs_from_dropout_off():
     assert not torch.allclose(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("name", BACKBONES)
+@pytest.mark.parametrize(
+    "name",
+    ["sasrec", "hstu", pytest.param("bert4rec", marks=pytest.mark.slow),
+     pytest.param("llama", marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_varying_lengths_compile_at_most_twice(name):
     torch._dynamo.reset()
     model = build(name, 0.1).train()
