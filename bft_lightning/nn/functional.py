@@ -15,11 +15,11 @@ variance of the group's channels.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 LOG_PREC_MIN = -20.0
 LOG_PREC_MAX = 20.0
@@ -230,6 +230,10 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     values: (B, H, T, d_h); valid: (B, T) or None (all valid). The sums are
     products of the 0/1 weights with the values as a (B T, H d_h) float64 matrix
     (a view of the in-projection's output, widened): no gather of the valid rows.
+    The rows outside ``valid`` are zeroed first, so a non-finite value there
+    (``0 * inf = nan`` in the product) changes nothing; with finite values the
+    sums are those of the weights alone (exact zeros added). No data-dependent
+    branch: ``torch.compile(fullgraph=True)`` traces it.
     """
     b, h, t, dh = values.shape
     f64 = torch.float64
@@ -237,9 +241,11 @@ def _sill_moments(values: Tensor, valid: Tensor | None) -> Tensor:
     if valid is None:
         w = torch.ones(1, b * t, dtype=f64, device=values.device)
     else:
-        w = valid.to(f64).reshape(1, b * t)  # any layout (a transposed mask too)
+        keep = valid.reshape(b * t, 1)  # any layout (a transposed mask too)
+        rows = torch.where(keep, rows, torch.zeros((), dtype=f64, device=rows.device))
+        w = keep.to(f64).reshape(1, b * t)
     per_channel = torch.mm(w, rows).view(h, dh)
-    per_head_sq = torch.mm(w, rows * rows).view(h, dh).sum(dim=1)  # rows may be the input
+    per_head_sq = torch.mm(w, rows * rows).view(h, dh).sum(dim=1)
     return torch.cat([per_channel.sum(dim=1), per_head_sq, w.sum().view(1), per_channel.flatten()])
 
 
@@ -252,22 +258,23 @@ def update_running_sill_(sill: Tensor, values: Tensor, valid: Tensor, momentum: 
     current sequence alone, so causality holds). Under ``torch.distributed``
     the moments are summed over all processes first, so every rank holds the
     sill one process would compute over the global batch (every rank must then
-    run its training forwards in step, as DDP does).
+    run its training forwards in step, as DDP does). Fewer than 2 valid
+    positions (over all ranks) leave the sill as it is. Branch-free in the
+    data (the count selects by ``torch.where``), so it compiles in one graph.
     values: (B, H, T, d_h); valid: (B, T); sill: (H,).
     """
     moments = _sill_moments(values, valid)
-    if not bool(torch.isfinite(moments).all()):  # non-finite values at padding: select
-        moments = _sill_moments(values.transpose(1, 2)[valid].unsqueeze(0).transpose(1, 2), None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(moments)
     h, dh = values.shape[1], values.shape[3]
     n = moments[2 * h]
-    if n < 2:
-        return
-    mean = moments[2 * h + 1 :].view(h, dh) / n  # (H, d_h)
-    var = moments[h : 2 * h] / (n * dh) - mean.square().mean(dim=1)  # (H,)
-    sill.lerp_(var.clamp_min(0).to(sill.dtype), momentum)
+    enough = n >= 2
+    n_safe = torch.where(enough, n, torch.ones_like(n))  # no 0 / 0 in the unselected branch
+    mean = moments[2 * h + 1 :].view(h, dh) / n_safe  # (H, d_h)
+    var = moments[h : 2 * h] / (n_safe * dh) - mean.square().mean(dim=1)  # (H,)
+    moved = torch.lerp(sill, var.clamp_min(0).to(sill.dtype), momentum)
+    sill.copy_(torch.where(enough, moved, sill))
 
 
 def kalman_gain(log_prec: Tensor, log_prec_obs: Tensor, has_obs: Tensor) -> Tensor:
@@ -313,7 +320,7 @@ def norm_sigma(x: Tensor, eps: float, rms: bool = False, backward: str = "custom
     """The norm's own denominator per token: std for LayerNorm, rms for RMSNorm.
 
     x: (B, T, d). Returns (B, T) float32. ``backward="custom"``: LayerNorm's
-    through :class:`_LayerNormSigma` (keeps only ``x``); ``"autograd"``: the
+    through :func:`layer_norm_sigma` (keeps only ``x``); ``"autograd"``: the
     plain formula (for ``torch.compile``: inductor on CUDA, torch 2.11, returned
     zero gradients through the hand-written Function). Same values and gradients.
     """
@@ -323,30 +330,40 @@ def norm_sigma(x: Tensor, eps: float, rms: bool = False, backward: str = "custom
     if backward == "autograd":
         centred = x - x.mean(dim=-1, keepdim=True)
         return torch.sqrt(centred.square().mean(dim=-1) + eps)
-    return _LayerNormSigma.apply(x, eps)
+    return layer_norm_sigma(x, float(eps))
 
 
-class _LayerNormSigma(torch.autograd.Function):
+@torch.library.custom_op("bft_lightning::layer_norm_sigma", mutates_args=())
+def layer_norm_sigma(x: Tensor, eps: float) -> Tensor:
     """``sqrt(Var(x) + eps)`` over the last dim.
 
     By hand because ``Tensor.var``'s last-dim reduction is slower on CPU,
     and with its own backward so that only ``x`` (which the norm keeps
     anyway) and the (B, T) result are saved: ``d sigma / dx = (x - mean) / (d sigma)``.
+    A ``torch.library`` custom op (fake implementation, backward registered), not
+    an autograd Function: ``torch.compile`` keeps it in one graph, also with
+    ``dynamic=True`` (which traces the float ``eps`` as a symbol).
     """
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return centred.square_().mean(dim=-1).add_(eps).sqrt_()
 
-    @staticmethod
-    def forward(ctx, x: Tensor, eps: float) -> Tensor:  # type: ignore[override]
-        centred = x - x.mean(dim=-1, keepdim=True)
-        sigma = centred.square_().mean(dim=-1).add_(eps).sqrt_()
-        ctx.save_for_backward(x, sigma)
-        return sigma
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        x, sigma = ctx.saved_tensors
-        centred = x - x.mean(dim=-1, keepdim=True)
-        return centred.mul_((grad / (sigma * x.shape[-1])).unsqueeze(-1)), None
+@layer_norm_sigma.register_fake
+def _(x: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape[:-1])
+
+
+def _sigma_setup_context(ctx: Any, inputs: tuple[Tensor, float], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[0], output)
+
+
+def _sigma_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    x, sigma = ctx.saved_tensors
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return centred * (grad / (sigma * x.shape[-1])).unsqueeze(-1), None
+
+
+layer_norm_sigma.register_autograd(_sigma_grad, setup_context=_sigma_setup_context)
 
 
 def scale_groups(x: Tensor, per_group: Tensor) -> Tensor:

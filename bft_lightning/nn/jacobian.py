@@ -3,7 +3,7 @@
 ``ffn_jacobian_matrix`` pools ``W2[i, k] W1[k, i] gamma2_i`` to groups (F, G);
 ``activation_with_jacobian`` gives the FFN's activation and ``phi'(a) @ M``
 (B, T, G) from one call. There is one GELU implementation with a hand-written
-backward (:class:`_GeluWithJacobian`, ``backward="custom"``, keeps only ``a``
+backward (:func:`gelu_with_jacobian`, ``backward="custom"``, keeps only ``a``
 and ``M``) and the plain formula (:func:`activation_derivative`,
 ``backward="autograd"``, what ``torch.compile`` traces); the SwiGLU Jacobian is
 in ``functional_llama``. Shapes: ``B`` batch, ``T`` positions, ``F`` FFN width,
@@ -13,11 +13,11 @@ in ``functional_llama``. Shapes: ``B`` batch, ``T`` positions, ``F`` FFN width,
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from bft_lightning.nn.functional import upcast
 
@@ -168,8 +168,9 @@ def _gelu_jacobian_backward(
     return grad_a, None if grad_m_t is None else grad_m_t.t()
 
 
-class _GeluWithJacobian(torch.autograd.Function):
-    """``gelu(a)`` and ``phi'(a) @ M`` in one Function that shares ``phi'(a)``.
+@torch.library.custom_op("bft_lightning::gelu_with_jacobian", mutates_args=())
+def gelu_with_jacobian(a: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    """``gelu(a)`` and ``phi'(a) @ M`` in one custom op that shares ``phi'(a)``.
 
     Separately, the backward evaluates ``phi'(a)`` twice over (B, T, F): once
     inside GELU's own backward (``grad * phi'(a)``, a fused kernel) and once
@@ -178,27 +179,39 @@ class _GeluWithJacobian(torch.autograd.Function):
     (with no Jacobian gradient, ``da`` is GELU's own fused backward).
     Keeps ``a`` and ``M`` only, like GELU itself; the derivative work runs in
     cache-sized row blocks (:func:`_gelu_jacobian_forward`).
+
+    A ``torch.library`` custom op (with a fake implementation and its backward
+    registered as another custom op), not an autograd Function:
+    ``torch.compile`` keeps it whole in one graph and its row-block loop does
+    not specialise the graph to one sequence length.
+    a: (..., F); m: (F, G). Returns (..., F) in ``a``'s dtype and (..., G)
+    float32 (float64 for a float64 ``m``).
     """
-
-    @staticmethod
-    def forward(ctx, a: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        ctx.save_for_backward(a, m)
-        ctx.set_materialize_grads(False)
-        act = F.gelu(a)  # as the FFN computes it, under autocast too
-        with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
-            mf = upcast(m)
-            jac = _gelu_jacobian_forward(a.reshape(-1, a.shape[-1]), mf)
-            return act, jac.view(*a.shape[:-1], mf.shape[1])
-
-    @staticmethod
-    @once_differentiable
-    def backward(  # type: ignore[override]
-        ctx, g_act: Tensor | None, g_jac: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None]:
-        a, m = ctx.saved_tensors
-        needs_a, needs_m = ctx.needs_input_grad
+    act = F.gelu(a)  # as the FFN computes it
+    with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
         mf = upcast(m)
-        f = a.shape[-1]
+        jac = _gelu_jacobian_forward(a.reshape(-1, a.shape[-1]), mf)
+        return act, jac.reshape(*a.shape[:-1], mf.shape[1])
+
+
+@gelu_with_jacobian.register_fake
+def _(a: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    mf_dtype = m.dtype if m.dtype in (torch.float32, torch.float64) else torch.float32
+    rows = math.prod(a.shape[:-1])  # the real one's layout: a transposed (G, N) buffer
+    jac = a.new_empty(m.shape[1], rows, dtype=mf_dtype).t()
+    return torch.empty_like(a), jac.reshape(*a.shape[:-1], m.shape[1])
+
+
+@torch.library.custom_op("bft_lightning::gelu_with_jacobian_backward", mutates_args=())
+def gelu_with_jacobian_backward(
+    a: Tensor, m: Tensor, g_act: Tensor | None, g_jac: Tensor | None, needs_a: bool, needs_m: bool
+) -> tuple[Tensor, Tensor]:
+    """The gradients of :func:`gelu_with_jacobian`: ``(da, dM)`` in the dtypes of
+    ``a`` and ``m``; a gradient not asked for (or zero by construction, no
+    ``g_jac`` for ``dM``) comes back as an empty (0,) tensor."""
+    mf = upcast(m)
+    f = a.shape[-1]
+    with torch.autocast(a.device.type, enabled=False):
         grad_a, grad_m = _gelu_jacobian_backward(
             a.reshape(-1, f),
             mf,
@@ -207,11 +220,33 @@ class _GeluWithJacobian(torch.autograd.Function):
             needs_a,
             needs_m,
         )
-        if grad_a is not None:
-            grad_a = grad_a.view(a.shape).to(a.dtype)
-        if grad_m is not None:
-            grad_m = grad_m.to(m.dtype)
-        return grad_a, grad_m
+    da = a.new_empty(0) if grad_a is None else grad_a.view(a.shape).to(a.dtype).contiguous()
+    dm = m.new_empty(0) if grad_m is None else grad_m.to(m.dtype).contiguous()
+    return da, dm
+
+
+@gelu_with_jacobian_backward.register_fake
+def _(a, m, g_act, g_jac, needs_a, needs_m):  # type: ignore[no-untyped-def]
+    # contiguous, as the real ones (``m`` itself is often a transposed view)
+    da = a.new_empty(a.shape) if needs_a else a.new_empty(0)
+    dm = m.new_empty(m.shape) if needs_m and g_jac is not None else m.new_empty(0)
+    return da, dm
+
+
+def _gelu_setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Any) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _gelu_grad(
+    ctx: Any, g_act: Tensor | None, g_jac: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
+    a, m = ctx.saved_tensors
+    needs_a, needs_m = ctx.needs_input_grad
+    da, dm = gelu_with_jacobian_backward(a, m, g_act, g_jac, needs_a, needs_m)
+    return (da if needs_a else None), (dm if needs_m and g_jac is not None else None)
+
+
+gelu_with_jacobian.register_autograd(_gelu_grad, setup_context=_gelu_setup_context)
 
 
 def activation_with_jacobian(
@@ -224,7 +259,7 @@ def activation_with_jacobian(
 
     ``backward="custom"`` with the exact GELU: one Function evaluates ``phi'(a)``
     once in the backward for both and keeps only ``a`` and ``M``
-    (:class:`_GeluWithJacobian`). ``"autograd"``, and ReLU (whose derivative is
+    (:func:`gelu_with_jacobian`). ``"autograd"``, and ReLU (whose derivative is
     a step), use plain ops (:func:`activation_derivative`). Same values and
     gradients.
     """
@@ -233,7 +268,7 @@ def activation_with_jacobian(
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if activation == "gelu" and backward == "custom":
-        act, jac = _GeluWithJacobian.apply(a, m)
+        act, jac = gelu_with_jacobian(a, m)
         return act, jac
     act = F.gelu(a) if activation == "gelu" else F.relu(a)
     with torch.autocast(a.device.type, enabled=False):  # the precision path: float32
