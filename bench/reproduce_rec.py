@@ -682,14 +682,52 @@ SUMMARY_KEYS = (
 
 
 def write_summary(res: Path) -> None:
-    """``summary.json``: one row per (dataset, backbone, variant) over every table written."""
+    """``summary.json``: one row per (dataset, backbone, variant) over every table written.
+
+    Every row says whether its setting was chosen on validation from a shared grid
+    (``tuned``; the rows of ``selected/*.json``, written by ``select_by_validation.py``,
+    are; a table's own rows, one fixed setting, are not), the share of training items
+    replaced by random ones (``noise``), the metric the choice was made on
+    (``chosen_by``), and the paired deltas to the off twin with their SEs overall, on
+    the rarest item quartile (``q0``) and on the coldest users (``cold``); the off twin's
+    own rows carry None there.
+    """
     rows = []
     for table in sorted(res.glob("*_*.json")):
         if table.name == "summary.json":
             continue
         for row in json.loads(table.read_text()):
-            rows.append({k: row[k] for k in SUMMARY_KEYS if k in row})
+            out = {k: row.get(k) for k in SUMMARY_KEYS}
+            out.update(tuned=False, noise=float(row.get("noise", 0.0)), chosen_by=None)
+            rows.append(out)
+    for sel in sorted((res / "selected").glob("*.json")):
+        rows.extend(selected_rows(sel))
     write_text_atomic(res / "summary.json", json.dumps(rows, indent=1))
+
+
+def selected_rows(path: Path) -> list[dict]:
+    """The two chosen twins of one ``select_by_validation.py`` output, as summary rows."""
+    doc = json.loads(path.read_text())
+    comp, grid = doc["comparison"], doc["settings"]
+    out = []
+    for twin in ("off", "on"):
+        table, variant = comp[twin].rsplit(":", 1)
+        setting = next(r for r in grid if r["table"] == table and r["variant"] == variant)
+        dataset, backbone = table.split("_")[:2]
+        row = {
+            "dataset": dataset, "backbone": backbone, "tag": f"selected/{path.stem}",
+            "variant": variant, "seeds": setting["seeds"], "hr10": setting["hr10"],
+            "ndcg10": setting["ndcg10"], "setting": comp[twin],
+            "grid": sorted(f"{r['table']}:{r['variant']}" for r in grid if r["twin"] == twin),
+            "tuned": True, "noise": float(doc.get("noise", 0.0)),
+            "chosen_by": "val/ndcg@10 (mean of the best over the seeds)",
+        }  # fmt: skip
+        for key, name in (("hr10", "delta_hr10"), ("ndcg10", "delta_ndcg10"),
+                          ("hr10_q0", "delta_hr10_q0"), ("hr10_cold", "delta_hr10_cold")):
+            delta, se = comp[name] if twin == "on" else (None, None)
+            row[f"paired_delta_{key}"], row[f"paired_se_{key}"] = delta, se
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":

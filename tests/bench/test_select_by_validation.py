@@ -199,3 +199,33 @@ def test_reproduce_summary_refuses_runs_of_other_test_users(tmp_path):
     args = argparse.Namespace(dataset="d", backbone="b", tag="", loss_normalization="rows")
     with pytest.raises(ValueError, match=r"run \('on_frequency', 0\) ranked other test users"):
         rr.summarise(args, runs, [0], tmp_path)
+
+
+def test_summary_marks_the_chosen_twins_as_tuned_with_their_paired_deltas(tmp_path):
+    """summary.json: every row says tuned / noise / chosen_by; a selection adds two."""
+    rng = np.random.default_rng(4)
+    for table, val in (("beauty_sasrec_a", 0.04), ("beauty_sasrec_b", 0.05)):
+        for variant in ("off", "on"):
+            fake_run(tmp_path, table, variant, 0, rng.integers(0, 30, USERS), [val])
+    res = tmp_path / "results"
+    (res / "selected").mkdir(parents=True)
+    cmd = [sys.executable, str(SCRIPT), "--runs-dir", str(tmp_path), "--seeds", "0",
+           "--min-val-seeds", "1", "--off", "beauty_sasrec_a:off", "beauty_sasrec_b:off",
+           "--on", "beauty_sasrec_a:on", "beauty_sasrec_b:on",
+           "--out", str(res / "selected" / "beauty_sasrec_grid.md")]  # fmt: skip
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    fixed = {"dataset": "beauty", "backbone": "sasrec", "tag": "a", "variant": "off",
+             "seeds": [0], "hr10": 0.1, "ndcg10": 0.05}  # fmt: skip
+    (res / "beauty_sasrec_a.json").write_text(json.dumps([fixed]))
+    _reproduce_rec().write_summary(res)
+    rows = json.loads((res / "summary.json").read_text())
+    assert all({"tuned", "noise", "chosen_by", "paired_delta_hr10_q0"} <= set(r) for r in rows)
+    table_row = next(r for r in rows if r["tag"] == "a")
+    assert table_row["tuned"] is False and table_row["noise"] == 0.0
+    chosen = [r for r in rows if r["tuned"]]
+    assert [r["variant"] for r in chosen] == ["off", "on"]
+    assert all(r["setting"].startswith("beauty_sasrec_b:") for r in chosen)  # higher val
+    sel = json.loads((res / "selected" / "beauty_sasrec_grid.json").read_text())["comparison"]
+    on = chosen[1]
+    assert (on["paired_delta_hr10"], on["paired_se_hr10"]) == tuple(sel["delta_hr10"])
+    assert chosen[0]["paired_delta_hr10"] is None  # the off twin is the reference
