@@ -270,7 +270,7 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
         hr0, nd0 = _per_user(runs, "off", have)
         row = {"dataset": args.dataset, "backbone": args.backbone, "tag": _summary_tag(args),
                "variant": variant, "seeds": have, "hr10": float(hr.mean()),
-               "ndcg10": float(nd.mean()), "strata_sizes": sizes}  # fmt: skip
+               "ndcg10": float(nd.mean()), "noise": args.noise, "strata_sizes": sizes}  # fmt: skip
         for q in range(4):
             m = strata == q
             row[f"hr10_q{q}"], row[f"ndcg10_q{q}"] = float(hr[m].mean()), float(nd[m].mean())
@@ -508,6 +508,11 @@ def main() -> None:
         "here; 'rows' (the task's default) runs go to <dataset>_<backbone>_rows...",
     )  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
+    p.add_argument(
+        "--noise", type=float, default=0.0,
+        help="share of training items replaced by random ones (the DataModule's train_noise; "
+        "validation and test targets stay clean); name the setting with --tag",
+    )  # fmt: skip
     p.add_argument("--accelerator", default=None, help="override the config's (cpu, gpu, auto)")
     p.add_argument(
         "--jobs", type=int, default=1,
@@ -522,6 +527,10 @@ def main() -> None:
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # VARIANT:SEED, for --jobs
 
     args = p.parse_args()
+    if args.noise:
+        if any("train_noise" in o for o in args.override):
+            p.error("give the noise once: --noise or an override of train_noise, not both")
+        args.override.append(f"--data.init_args.train_noise={args.noise}")
     if any("loss_normalization" in o for o in args.override):
         p.error("set the loss normalization with --loss-normalization (it names the run folder)")
     argv = sys.argv[1:]

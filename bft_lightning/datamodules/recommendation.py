@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
@@ -45,6 +46,7 @@ from bft_lightning.utils.resume import ResumableDataLoader
 from . import shards
 from .arrays import ArrayDataset, Batch, collate_arrays  # noqa: F401 (public path)
 from .cache import load_sequences
+from .noise import corrupt_training_items
 from .readers import kcore_filter
 from .registry import resolve_dataset
 from .sampling import DistributedLengthBucketSampler, LengthBucketSampler
@@ -128,6 +130,11 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
             file's lines; items it has never seen are dropped and counted (see
             :func:`~.vocabulary.remap_items`). None: items are numbered in order
             of first appearance.
+        train_noise: share of the training items (every item but each evaluated
+            user's validation and test targets) replaced by a uniformly random other
+            item, to test robustness to noisy histories; validation and test targets
+            stay clean (see :mod:`.noise`). 0 (default): the data as read.
+        train_noise_seed: seed of that corruption (the same on every process and run).
     """
 
     def __init__(
@@ -152,6 +159,8 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
         synthetic_seed: int = 0,
         item_vocabulary: str | None = None,
         shard_users: bool = False,
+        train_noise: float = 0.0,
+        train_noise_seed: int = 0,
     ) -> None:
         super().__init__()
         for name, value, low in [
@@ -173,7 +182,21 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
                 raise ValueError(
                     f"SequenceDataModule: {name} must be an integer >= 0, got {value!r}"
                 )
+        if (
+            isinstance(train_noise, bool)
+            or not isinstance(train_noise, (int, float))
+            or not (0.0 <= train_noise <= 1.0)
+        ):
+            raise ValueError(
+                f"SequenceDataModule: train_noise must be a number in [0, 1], got {train_noise!r}"
+            )
+        if isinstance(train_noise_seed, bool) or not isinstance(train_noise_seed, int):
+            raise ValueError(
+                f"SequenceDataModule: train_noise_seed must be an integer, got {train_noise_seed!r}"
+            )
         self.save_hyperparameters()
+        self.train_noise, self.train_noise_seed = float(train_noise), train_noise_seed
+        self.noise_mask: np.ndarray | None = None  # (N,) True where an item was replaced
         self.train_rows = train_rows
         self.dataset, self.data_root, self.path, self.format = dataset, data_root, path, format
         self.max_len, self.batch_size, self.eval_batch_size = max_len, batch_size, eval_batch_size
@@ -234,6 +257,9 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
             data = self._read()
             if self.item_vocabulary is not None:
                 data = self._remap(data, self.item_vocabulary)
+            data, self.noise_mask = corrupt_training_items(
+                data, self.train_noise, self.train_noise_seed
+            )
             split = leave_one_out(data)
             _check_enough(data, split, self._describe())
             self._data, self._split = data, split
