@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -708,6 +709,10 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--accelerator", choices=("auto", "cpu"), default="auto")
     g.add_argument("--log-every", type=int, default=20)
     a = p.parse_args(argv)
+    # the benchmarks read the shared data sets next to the repository unless told otherwise
+    shared = str(REPO.parent / "shared" / "data")
+    a.data_root = a.data_root or os.environ.get("BFT_DATA_ROOT", shared)
+    os.environ["BFT_DATA_ROOT"] = a.data_root  # data_root() of the pre-training corpus
     torch.set_num_threads(a.threads)
     if a.checkpoint_dir is not None:
         a.out.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ _LEAD = """The options that matter most:
                               run under the logger's folder and write into that run's folder
   --trainer.max_epochs N      the epoch cap (early stopping usually ends a run first)
   --trainer.accelerator/devices/precision   where and how to run (cpu, gpu, bf16-mixed ...)
-  --data.init_args.data_root DIR            where the data sets are (default ../shared/data)
+  --data.init_args.data_root DIR            the data sets ($BFT_DATA_ROOT, else ./data)
   --model.init_args.lr LR, --model.init_args.backbone.init_args.precision on|off
   --print_config              print the full resolved config and exit
   --debug                     show the full traceback of an error (or set BFT_DEBUG=1)

@@ -13,6 +13,8 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = Path(os.environ.get("BFT_DATA_ROOT", REPO.parent / "shared" / "data"))
+# the library's own default is ./data: the tests (and the commands they start) read the shared sets
+os.environ.setdefault("BFT_DATA_ROOT", str(DATA_ROOT))
 
 
 @pytest.fixture(autouse=True)

@@ -48,7 +48,7 @@ from .arrays import ArrayDataset, Batch, collate_arrays  # noqa: F401 (public pa
 from .cache import load_sequences
 from .noise import corrupt_training_items
 from .readers import kcore_filter
-from .registry import resolve_dataset
+from .registry import default_data_root, resolve_dataset
 from .sampling import DistributedLengthBucketSampler, LengthBucketSampler
 from .splits import (
     LeaveOneOut,
@@ -82,7 +82,8 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
         dataset: ``"synthetic"`` (built in, no files) or a dataset name: a folder
             under ``data_root`` such as ``"amazon-beauty-s3rec"``, ``"ml-1m"``, or
             ``"amazon2014-<Category>"``; file and format are looked up.
-        data_root: folder holding the dataset folders.
+        data_root: folder holding the dataset folders; None: ``$BFT_DATA_ROOT``, else
+            ``data`` under the working directory.
         path: explicit interaction file; overrides ``dataset``.
         format: reader for ``path``: ``"s3rec"``, ``"pairs"``, ``"json"``,
             ``"recbole"``, ``"movielens"``, ``"amazon"`` or ``"parquet"``; ``None`` sniffs it.
@@ -140,7 +141,7 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
     def __init__(
         self,
         dataset: str = "synthetic",
-        data_root: str = "../shared/data",
+        data_root: str | None = None,
         path: str | None = None,
         format: str | None = None,
         max_len: int = 50,
@@ -198,7 +199,8 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
         self.train_noise, self.train_noise_seed = float(train_noise), train_noise_seed
         self.noise_mask: np.ndarray | None = None  # (N,) True where an item was replaced
         self.train_rows = train_rows
-        self.dataset, self.data_root, self.path, self.format = dataset, data_root, path, format
+        self.dataset, self.path, self.format = dataset, path, format
+        self.data_root = str(default_data_root() if data_root is None else data_root)
         self.max_len, self.batch_size, self.eval_batch_size = max_len, batch_size, eval_batch_size
         self.num_workers, self.kcore, self.cache_dir = num_workers, kcore, cache_dir
         self.download, self.seed, self.bucket_by_length = download, seed, bucket_by_length

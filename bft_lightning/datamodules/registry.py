@@ -14,6 +14,7 @@ Names:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,14 @@ from pathlib import Path
 
 from .download import amazon_remote, ensure_amazon, ensure_movielens_1m
 from .readers import sniff_format
+
+DATA_ROOT_ENV = "BFT_DATA_ROOT"
+
+
+def default_data_root() -> Path:
+    """The data root when none is given: ``$BFT_DATA_ROOT``, else ``data`` (working directory)."""
+    return Path(os.environ.get(DATA_ROOT_ENV, "data")).expanduser()
+
 
 __all__ = ["KNOWN_DATASETS", "DatasetSpec", "resolve_dataset"]
 

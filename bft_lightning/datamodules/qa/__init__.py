@@ -34,7 +34,8 @@ Noise:
   article (``"same_article"``) or the dataset's own (``"dataset"``); the gold
   passages are inserted at random positions among them (seeded per example).
 
-The data root is ``$BFT_DATA_ROOT``, by default ``<repo>/../shared/data``.
+The data root is ``data_root``, else ``$BFT_DATA_ROOT``, else ``data`` (under the
+working directory).
 
 Where each part lives: ``examples.py`` (``QAExample``, ``Passage``, the
 datasets' files), ``readers.py`` (a reader per dataset family; a new dataset

@@ -57,7 +57,7 @@ class QADataModule(L.LightningDataModule):
         max_train_examples, max_eval_examples: seeded subsets (None = all).
         batch_size, eval_batch_size, num_workers: loaders.
         data_root: the folder holding the datasets' folders; None: ``$BFT_DATA_ROOT``,
-            else ``../shared/data`` next to the repository.
+            else ``data`` under the working directory.
     """
 
     def __init__(

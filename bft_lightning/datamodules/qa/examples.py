@@ -3,9 +3,10 @@ datasets live (``DATASETS`` under the data root)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..registry import default_data_root
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DATASETS: dict[str, tuple[str, ...]] = {
@@ -21,10 +22,10 @@ DATASETS: dict[str, tuple[str, ...]] = {
 
 
 def data_root(root: str | Path | None = None) -> Path:
-    """``root`` when given, else ``$BFT_DATA_ROOT``, else ``<repo>/../shared/data``."""
+    """``root`` when given, else ``$BFT_DATA_ROOT``, else ``data`` (under the working directory)."""
     if root is not None:
         return Path(root).expanduser()
-    return Path(os.environ.get("BFT_DATA_ROOT", REPO_ROOT.parent / "shared" / "data"))
+    return default_data_root()
 
 
 def resolve_data_file(path: str | Path, root: str | Path | None = None) -> Path:
