@@ -731,8 +731,12 @@ def selected_rows(path: Path) -> list[dict]:
             "tuned": True, "noise": float(doc.get("noise", 0.0)),
             "chosen_by": "val/ndcg@10 (mean of the best over the seeds)",
         }  # fmt: skip
-        for key, name in (("hr10", "delta_hr10"), ("ndcg10", "delta_ndcg10"),
-                          ("hr10_q0", "delta_hr10_q0"), ("hr10_cold", "delta_hr10_cold")):
+        for key, name in (
+            ("hr10", "delta_hr10"),
+            ("ndcg10", "delta_ndcg10"),
+            ("hr10_q0", "delta_hr10_q0"),
+            ("hr10_cold", "delta_hr10_cold"),
+        ):
             delta, se = comp[name] if twin == "on" else (None, None)
             row[f"paired_delta_{key}"], row[f"paired_se_{key}"] = delta, se
         out.append(row)
