@@ -46,7 +46,7 @@ is), plus the cache's open time.
     python bench/scale.py --rows 20000000     # readers vs pandas at 20M rows
 
 Not a test: times depend on the machine and its load. pandas is only needed
-here (not by the library).
+here, not by the library: ``pip install -e ".[bench]"``.
 """
 
 from __future__ import annotations
