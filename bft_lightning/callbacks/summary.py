@@ -16,10 +16,11 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, Timer
 
 __all__ = ["RunSummary", "stop_reason"]
 
@@ -61,18 +62,22 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
         )
     if trainer.interrupted:
         return False, "training was interrupted before it converged"
-    cap = (
-        f"max_steps={trainer.max_steps}"
-        if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps
-        else f"max_epochs={trainer.max_epochs}"
-    )
+    timer = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)), None)
+    remaining = None if timer is None else timer.time_remaining("train")
+    if remaining is not None and remaining <= 0:
+        elapsed = timedelta(seconds=int(timer.time_elapsed("train")))  # type: ignore[union-attr]
+        cap, flag = f"max_time (after {elapsed} of training)", "--trainer.max_time"
+    elif trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        cap, flag = f"max_steps={trainer.max_steps}", "--trainer.max_steps"
+    else:
+        cap, flag = f"max_epochs={trainer.max_epochs}", "--trainer.max_epochs"
     if stopper is None:
         return False, f"stopped at the cap {cap} (no early stopping configured)"
     wait = stopper.wait_count
     when = "at the last validation" if wait == 0 else f"{wait} validation(s) before the end"
     return False, (
         f"cut short: stopped at the cap {cap} before early stopping converged ({stopper.monitor} "
-        f"last improved {when}, patience {stopper.patience}); raise --trainer.max_epochs "
+        f"last improved {when}, patience {stopper.patience}); raise {flag} "
         "for a converged result"
     )
 
