@@ -332,7 +332,11 @@ def analyse(val: dict, test: dict) -> dict:
 # -- report ---------------------------------------------------------------------------
 
 
-def write_outputs(models: list[dict], out: Path, commands: list[str], notes: str = "") -> None:
+def write_outputs(
+    models: list[dict], out: Path, commands: list[str], notes: str = "", merge: bool = False
+) -> None:
+    """``<out>.json``, ``.md`` and ``.png``. ``merge``: the models already in ``<out>`` stay
+    (their rows, sections, verdicts and commands); a model analysed again replaces its rows."""
     rows = []
     for m in models:
         for n, r in m["analysis"]["signals"].items():
@@ -340,9 +344,49 @@ def write_outputs(models: list[dict], out: Path, commands: list[str], notes: str
                          "variant": m["variant"], "signal": n,
                          "auroc_hit10": round(r["auroc"], 4), "n_users": m["analysis"]["n_users"],
                          "hr10_by_decile": [round(x, 4) for x in r["deciles"]]})  # fmt: skip
+    text = report(models, commands, notes)
+    if merge and out.with_suffix(".json").exists():
+        new = {(m["dataset"], m["backbone"], m["variant"]) for m in models}
+        kept = [r for r in json.loads(out.with_suffix(".json").read_text())
+                if (r["dataset"], r["backbone"], r["variant"]) not in new]  # fmt: skip
+        rows = kept + rows
+        text = merge_reports(out.with_suffix(".md").read_text(), text)
+        models = models_from_rows(rows)
     write_text_atomic(out.with_suffix(".json"), json.dumps(rows, indent=1))
-    write_text_atomic(out.with_suffix(".md"), report(models, commands, notes))
+    write_text_atomic(out.with_suffix(".md"), text)
     plot(models, out.with_suffix(".png"))
+
+
+def models_from_rows(rows: list[dict]) -> list[dict]:
+    """The plot's input (each model's signals: AUROC and deciles) from ``<out>.json`` rows."""
+    models: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["dataset"], r["backbone"], r["variant"])
+        m = models.setdefault(key, {"dataset": key[0], "backbone": key[1], "variant": key[2],
+                                    "analysis": {"signals": {}}})  # fmt: skip
+        m["analysis"]["signals"][r["signal"]] = {
+            "auroc": r["auroc_hit10"],
+            "deciles": r["hr10_by_decile"],
+        }
+    return list(models.values())
+
+
+def merge_reports(old: str, new: str) -> str:
+    """``old`` with ``new``'s model sections before its verdicts, ``new``'s verdicts after
+    its verdicts, and ``new``'s evaluation command after its commands."""
+
+    def parts(text: str) -> tuple[str, str, str, str]:
+        head, rest = text.split("\n## Verdict (per model)\n", 1)
+        verdicts, rest = rest.split("\n## Commands\n", 1)
+        return head, verdicts.strip("\n"), rest, text
+
+    o_head, o_verdicts, o_rest, _ = parts(old)
+    n_head, n_verdicts, n_rest, _ = parts(new)
+    sections = n_head.split("\n## ", 1)[1]  # the new models' sections, after the preamble
+    command = n_rest.split("```", 2)[1].strip("\n")
+    o_rest = o_rest.replace("```", "```\n" + command, 1) if "```" in o_rest else o_rest
+    return (f"{o_head.rstrip()}\n\n## {sections.rstrip()}\n\n## Verdict (per model)\n\n"
+            f"{o_verdicts}\n{n_verdicts}\n\n## Commands\n{o_rest}")  # fmt: skip
 
 
 def report(models: list[dict], commands: list[str], notes: str = "") -> str:
@@ -461,6 +505,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--test-users", type=int, default=0,
                     help="test users (a fixed random sample; 0 = all)")  # fmt: skip
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other models already in --out (add or replace these)",
+    )
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     models = []
@@ -490,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: HR@10 {a['hr10']:.4f}; " + verdict(a), flush=True)
     command = "OMP_NUM_THREADS=1 python bench/confidence.py " + " ".join(sys.argv[1:])
     notes = Path(args.notes).read_text() if args.notes else ""
-    write_outputs(models, Path(args.out), [command], notes)
+    write_outputs(models, Path(args.out), [command], notes, merge=args.merge)
 
 
 def _batches(data: object, limit: int, size: int = 512, seed: int = 0) -> list[dict]:
