@@ -104,6 +104,8 @@ def acquire(layers: Layers, owner: object, attention: bool | str = False) -> Non
         requests[id(owner)] = wants
         layer.record = True
         layer.record_attention = layer.record_attention or wants
+        # every position's statistics: no last-position-only evaluation (models.base)
+        setattr(layer, "record_all_positions", True)  # noqa: B010 - FilterLayer's flag
 
 
 def is_plain(layer: FilterRecorder) -> bool:
@@ -124,6 +126,7 @@ def release(layers: Layers, owner: object) -> None:
             continue
         _BEFORE.pop(layer, None)
         layer.record, layer.record_attention = record, attention
+        setattr(layer, "record_all_positions", False)  # noqa: B010
         if not record:
             layer.last_stats = None
 

@@ -77,6 +77,7 @@ class SequentialRecommender(nn.Module):
 
     causal: ClassVar[bool] = True
     extra_tokens: ClassVar[int] = 0  # ids after num_items (e.g. BERT4Rec's mask)
+    uses_timestamps: ClassVar[bool] = False  # whether encode reads times (HSTU)
 
     def __init__(
         self,
@@ -230,11 +231,19 @@ class SequentialRecommender(nn.Module):
             return self.prior(self.item_emb(ids).detach(), ids != 0)
         return self.prior(ids)
 
-    def encode(self, ids: Tensor, times: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """(B, L) ids -> hidden states (B, L, d) and final log-precision (B, L, G) or None."""
+    def encode(
+        self, ids: Tensor, times: Tensor | None = None, last_only: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, L) ids -> hidden states (B, L, d) and final log-precision (B, L, G) or None.
+
+        ``last_only``: the last position's only, (B, 1, d) and (B, 1, G): the last
+        layer computes its query, update and FFN for that position alone (the
+        same values; what evaluation and serving read, see :meth:`last_hidden`).
+        """
         h, lp = self.encoder(
             self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
             log_precision=self.layer0_precision(ids), return_precision=True,
+            **({"last_only": True} if last_only else {}),
         )  # fmt: skip
         return self.normalise_output(h), lp
 
@@ -323,13 +332,25 @@ class SequentialRecommender(nn.Module):
         return logits
 
     def last_hidden(
-        self, input_ids: Tensor, times: Tensor | None = None
+        self, input_ids: Tensor, times: Tensor | None = None, last_only: bool | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        """Evaluation: the state that predicts the next item, (B, d), and its log-precision."""
+        """Evaluation: the state that predicts the next item, (B, d), and its log-precision.
+
+        ``last_only`` (default: in eval mode, unless a callback records the last
+        layer at every position, ``record_all_positions``, or its attention)
+        computes the last layer for the predicting position only
+        (:meth:`encode`); False runs every position, True forces the short path.
+        """
         ids = self.eval_view(input_ids)
         if times is not None and times.shape != ids.shape:  # a mask token was appended
             times = torch.cat([times[:, -(ids.shape[1] - 1) :], times[:, -1:]], dim=1)
-        h, lp = self.encode(ids, times)
+        if last_only is None:
+            layer = self._last_layer()
+            last_only = not self.training and not (
+                getattr(layer, "record_attention", False)
+                or getattr(layer, "record_all_positions", False)
+            )
+        h, lp = self.encode(ids, times, last_only=last_only)
         return h[:, -1], None if lp is None else lp[:, -1]
 
 

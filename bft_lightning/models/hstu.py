@@ -33,6 +33,7 @@ class HSTU(SequentialRecommender):
     """
 
     causal = True
+    uses_timestamps = True
 
     def __init__(
         self,
@@ -60,10 +61,14 @@ class HSTU(SequentialRecommender):
     def embedding_scale(self) -> float:
         return math.sqrt(self.d_model)
 
-    def encode(self, ids: Tensor, times: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """(B, L) ids and timestamps (or None) -> states (B, L, d), log lambda (B, L, G) or None."""
+    def encode(
+        self, ids: Tensor, times: Tensor | None = None, last_only: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, L) ids and timestamps (or None) -> states (B, L, d), log lambda (B, L, G) or
+        None; ``last_only``: the last position's only (see ``SequentialRecommender.encode``)."""
         h, lp = self.encoder(
             self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
             log_precision=self.layer0_precision(ids), timestamps=times, return_precision=True,
+            last_only=last_only,
         )  # fmt: skip
         return self.normalise_output(h), lp

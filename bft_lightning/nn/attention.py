@@ -94,8 +94,12 @@ class KrigingAttention(nn.Module):
         with_stats: bool = False,
         need_weights: bool = False,
         project: bool = True,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor | None, KrigingStats | None, Tensor | None]:
         """x: (B, T, d) normed input; allowed: (B, 1, T, T); bias: (B, H, T).
+
+        ``last_only``: the query of the last position only (keys and values of
+        every position), ``allowed`` (B, 1, 1, T); the outputs have one position.
 
         Returns ``z = W_O e`` (B, T, d), the weights (B, H, T, T) or None, the
         statistics or None, and the gate values (B, T, d) or None. With
@@ -104,13 +108,21 @@ class KrigingAttention(nn.Module):
         gate is set), for a per-head factor applied before ``out_proj``.
         """
         b, t, d = x.shape
-        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        q, k, v = (y.view(b, t, self.nhead, -1).transpose(1, 2) for y in (q, k, v))  # (B,H,T,dh)
+        w, b_in = self.in_proj_weight, self.in_proj_bias
+        if last_only:  # the keys and values of every position, the query of the last
+            k, v = F.linear(x, w[d:], b_in[d:]).chunk(2, dim=-1)
+            x = x[:, -1:]
+            q = F.linear(x, w[:d], b_in[:d])
+        else:
+            q, k, v = F.linear(x, w, b_in).chunk(3, dim=-1)
+        tq = q.shape[1]
+        q = q.view(b, tq, self.nhead, -1).transpose(1, 2)  # (B, H, Tq, dh)
+        k, v = (y.view(b, t, self.nhead, -1).transpose(1, 2) for y in (k, v))  # (B, H, T, dh)
         drop = self.dropout if self.training else 0.0
         out, weights, stats = attend(
             q, k, v, allowed, bias, drop, self.impl, self.chunk_size, with_stats, need_weights
         )
-        out = out.to(v.dtype).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
+        out = out.to(v.dtype).transpose(1, 2).reshape(b, tq, d)  # (B, Tq, d)
         gate = None
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(x))

@@ -233,6 +233,8 @@ class FilterLayer(nn.Module):
         self._pending_sill: Tensor | None = None
         self.record = False
         self.record_attention = False
+        # a callback reads every position's statistics: evaluation runs the whole last layer
+        self.record_all_positions = False
         self.last_stats: FilterStats | None = None
 
     # -- state ------------------------------------------------------------------------

@@ -72,12 +72,14 @@ from bft_lightning.nn.stats import FilterStats
 TINY = torch.finfo(torch.float32).tiny
 
 
-def time_buckets(timestamps: Tensor, num_buckets: int) -> Tensor:
+def time_buckets(timestamps: Tensor, num_buckets: int, queries: int | None = None) -> Tensor:
     """Time buckets ``floor(ln(max(|ts_t - ts_j|, 1)) / 0.301)`` in [0, num_buckets].
 
-    timestamps: (B, T) (e.g. unix seconds). Returns (B, T, T) long.
+    timestamps: (B, T) (e.g. unix seconds). Returns (B, T, T) long, or with
+    ``queries`` the rows of the last ``queries`` positions only, (B, queries, T).
     """
-    dt = (timestamps.unsqueeze(2) - timestamps.unsqueeze(1)).abs().double().clamp_min(1.0)
+    rows = timestamps if queries is None else timestamps[:, -queries:]
+    dt = (rows.unsqueeze(2) - timestamps.unsqueeze(1)).abs().double().clamp_min(1.0)
     return (torch.log(dt) / 0.301).long().clamp(0, num_buckets)
 
 
@@ -119,17 +121,20 @@ class RelativeAttentionBias(nn.Module):
         self.pos_weight = nn.Parameter(torch.empty(2 * max_len - 1).normal_(0.0, 0.02))
         self.time_weight = nn.Parameter(torch.empty(num_buckets + 1).normal_(0.0, 0.02))
 
-    def forward(self, t: int, timestamps: Tensor | None = None) -> Tensor:
-        """Returns (1, T, T), or (B, T, T) with timestamps (B, T)."""
+    def forward(self, t: int, timestamps: Tensor | None = None, last_only: bool = False) -> Tensor:
+        """Returns (1, T, T), or (B, T, T) with timestamps (B, T); ``last_only``: the
+        last query's row only, (1 | B, 1, T)."""
         if t > self.max_len:
             raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
         pos = torch.arange(t, device=self.pos_weight.device)
-        bias = self.pos_weight[pos.unsqueeze(0) - pos.unsqueeze(1) + self.max_len - 1]  # (T, T)
+        rows = pos[-1:] if last_only else pos
+        bias = self.pos_weight[pos.unsqueeze(0) - rows.unsqueeze(1) + self.max_len - 1]  # (Tq, T)
         bias = bias.unsqueeze(0)
         if timestamps is not None:
             if timestamps.shape[-1] != t:
                 raise ValueError(f"timestamps {tuple(timestamps.shape)} do not match length {t}")
-            bias = bias + self.time_weight[time_buckets(timestamps, self.num_buckets)]
+            buckets = time_buckets(timestamps, self.num_buckets, 1 if last_only else None)
+            bias = bias + self.time_weight[buckets]
         return bias
 
 
@@ -226,32 +231,64 @@ class HSTULayer(FilterLayer):
         key_padding_mask: Tensor | None = None,
         is_causal: bool = True,
         timestamps: Tensor | None = None,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """h: (B, T, d); log_prec: (B, T, G), -inf at padding, or None; timestamps: (B, T) or None.
 
         key_padding_mask: (B, T) bool, True = padding. Returns ``(h', log lambda'')``;
-        in off mode the precision is passed through.
+        in off mode the precision is passed through. ``last_only``: the last
+        position only, (B, 1, ...), the same values (its query, U, update; the
+        keys and values of every position), for evaluation.
         """
         valid = valid_positions(h, log_prec, key_padding_mask)
         allowed = build_allowed(valid, is_causal)  # (B, 1, T, T)
+        default = lambda x: default_log_precision(x, self.groups, self.norm1.eps)  # noqa: E731
+        if last_only and (self.training or self.calibrate_sill):  # the sill reads every position
+            out, lp = self.forward(h, log_prec, key_padding_mask, is_causal, timestamps)
+            return out[:, -1:], None if lp is None else lp[:, -1:]
+        if last_only:
+            allowed = allowed[:, :, -1:]
         if self.precision == "off":
-            return self._forward_off(h, valid, allowed, timestamps), log_prec
+            lp_out = log_prec[:, -1:] if last_only and log_prec is not None else log_prec
+            return self._forward_off(h, valid, allowed, timestamps, last_only), lp_out
+        if not last_only:
+            return self.filter_step(
+                h, log_prec, valid,
+                observe=lambda lp: self._observe(h, lp, allowed, timestamps),
+                dynamics=lambda h: (None, None),  # no FFN: Jbar = 0
+                default=default,
+            )  # fmt: skip
+        lp_all = BF.clamp_log_prec(default(h) if log_prec is None else log_prec, valid)
         return self.filter_step(
-            h, log_prec, valid,
-            observe=lambda lp: self._observe(h, lp, allowed, timestamps),
-            dynamics=lambda h: (None, None),  # no FFN: Jbar = 0
-            default=lambda x: default_log_precision(x, self.groups, self.norm1.eps),
+            h[:, -1:], lp_all[:, -1:], valid[:, -1:],
+            observe=lambda _: self._observe(h, lp_all, allowed, timestamps, True),
+            dynamics=lambda h: (None, None), default=default,
         )  # fmt: skip
 
-    def _project(self, h: Tensor, timestamps: Tensor | None) -> tuple[Tensor, ...]:
-        """Pre-activation of f1 (B, T, H (2 dv + 2 dqk)), U (B, T, H dv), V, Q, K
-        (B, H, T, dv | dqk) and ``rab`` (B | 1, 1, T, T)."""
+    def _project(
+        self, h: Tensor, timestamps: Tensor | None, last_only: bool = False
+    ) -> tuple[Tensor, ...]:
+        """Pre-activation of V (B, T, H dv), U (B, Tq, H dv), V (B, H, T, dv), Q
+        (B, H, Tq, dqk), K (B, H, T, dqk) and ``rab`` (B | 1, 1, Tq, T); Tq = T, or 1
+        with ``last_only`` (U and Q of the last position)."""
         b, t, _ = h.shape
-        pre = self.uvqk(self.norm1(h))
+        x = self.norm1(h)
         hv, hq = self.nhead * self.dv, self.nhead * self.dqk
-        u, v, q, k = F.silu(pre).split([hv, hv, hq, hq], dim=-1)
-        v, q, k = (y.reshape(b, t, self.nhead, -1).transpose(1, 2) for y in (v, q, k))
-        return pre, u, v, q, k, self.rab(t, timestamps).unsqueeze(1)
+        w = self.uvqk.weight
+        if last_only:  # V, K of every position (one product), U, Q of the last
+            pre_vk = F.linear(x, torch.cat([w[hv : 2 * hv], w[2 * hv + hq :]]))
+            pre_v, pre_k = pre_vk.split([hv, hq], dim=-1)
+            pre_uq = F.linear(x[:, -1:], torch.cat([w[:hv], w[2 * hv : 2 * hv + hq]]))
+            u, q = F.silu(pre_uq).split([hv, hq], dim=-1)
+            v, k = F.silu(pre_v), F.silu(pre_k)
+        else:
+            pre = self.uvqk(x)
+            u, v, q, k = F.silu(pre).split([hv, hv, hq, hq], dim=-1)
+            pre_v = pre[..., hv : 2 * hv]
+        tq = q.shape[1]
+        v, k = (y.reshape(b, t, self.nhead, -1).transpose(1, 2) for y in (v, k))
+        q = q.reshape(b, tq, self.nhead, -1).transpose(1, 2)
+        return pre_v, u, v, q, k, self.rab(t, timestamps, last_only).unsqueeze(1)
 
     def _weights(self, q: Tensor, k: Tensor, rab: Tensor, allowed: Tensor) -> Tensor:
         """``w = SiLU(q.k + rab) / N`` on allowed entries, 0 elsewhere: (B, H, T, T).
@@ -262,12 +299,15 @@ class HSTULayer(FilterLayer):
         return w * BF.mask_weights(allowed, w.dtype)
 
     def _forward_off(
-        self, h: Tensor, valid: Tensor, allowed: Tensor, timestamps: Tensor | None
-    ) -> Tensor:
+        self, h: Tensor, valid: Tensor, allowed: Tensor, timestamps: Tensor | None,
+        last_only: bool = False,
+    ) -> Tensor:  # fmt: skip
+        _, u, v, q, k, rab = self._project(h, timestamps, last_only)
+        if last_only:
+            h, valid = h[:, -1:], valid[:, -1:]
         b, t, _ = h.shape
-        _, u, v, q, k, rab = self._project(h, timestamps)
-        w = self._weights(q, k, rab, allowed)  # (B, H, T, T)
-        a = (w @ v).transpose(1, 2).reshape(b, t, -1)  # (B, T, H dv)
+        w = self._weights(q, k, rab, allowed)  # (B, H, Tq, T)
+        a = (w @ v).transpose(1, 2).reshape(b, t, -1)  # (B, Tq, H dv)
         h = h + self.out_proj(self.dropout(self.norm_attn(a) * u))
         if self.record:
             w32 = w.detach().float()
@@ -279,21 +319,24 @@ class HSTULayer(FilterLayer):
         return h
 
     def _observe(
-        self, h: Tensor, lp: Tensor, allowed: Tensor, timestamps: Tensor | None
-    ) -> Observation:
+        self, h: Tensor, lp: Tensor, allowed: Tensor, timestamps: Tensor | None,
+        last_only: bool = False,
+    ) -> Observation:  # fmt: skip
         """Pointwise attention weighted by the relative reliability, and the sandwich
         variance of its estimate through LN(A), the U gate and f2 (``docs/spec.md``,
-        Blocks: HSTU)."""
+        Blocks: HSTU). ``h``, ``lp``: every position (the keys); ``last_only``: the
+        last position's query only."""
         b, t, d = h.shape
         hv = self.nhead * self.dv
-        pre, u, v, q, k, rab = self._project(h, timestamps)
-        has_key = BF.mask_weights(allowed, torch.float32).sum(dim=-1).squeeze(1) > 0  # (B, T)
+        pre_v, u, v, q, k, rab = self._project(h, timestamps, last_only)
+        tq = q.shape[2]
+        has_key = BF.mask_weights(allowed, torch.float32).sum(dim=-1).squeeze(1) > 0  # (B, Tq)
         with torch.autocast(h.device.type, enabled=False):  # the filter runs in float32
             # observe: prior variance of V through LN, f1 (per channel) and SiLU
             sigma1 = BF.norm_sigma(h, self.norm1.eps, backward=self.backward)  # (B, T)
             s2_h = torch.exp(-lp) / sigma1.square().unsqueeze(-1)  # (B, T, G)
             p_v = BF.delta_rule_matrix(self.value_weight, hv, self.groups)  # (H dv, G)
-            dsilu = J.silu_derivative(pre[..., hv : 2 * hv])  # (B, T, H dv)
+            dsilu = J.silu_derivative(pre_v)  # (B, T, H dv)
             s2_v = (BF.delta_rule(s2_h, p_v) * dsilu.square()).view(b, t, self.nhead, -1).mean(-1)
             log_lbar = -torch.log(s2_v.clamp_min(TINY)).transpose(1, 2)  # (B, H, T)
             v32 = BF.upcast(v)  # (B, H, T, dv)
@@ -309,7 +352,7 @@ class HSTULayer(FilterLayer):
             spread = sandwich / s0.clamp_min(TINY)
             var_e = BF.reml_variance(spread, n_eff, self.sill, self.nu0) * s0  # (B, H, T)
             # through LN(A), the U gate and f2 by the delta rule
-            a = e.transpose(1, 2).reshape(b, t, hv)  # (B, T, H dv)
+            a = e.transpose(1, 2).reshape(b, tq, hv)  # (B, Tq, H dv)
             s2_n = (
                 var_e.transpose(1, 2)
                 / BF.norm_sigma(a, self.norm_attn.eps, backward=self.backward).square()[..., None]
@@ -321,7 +364,7 @@ class HSTULayer(FilterLayer):
         # the estimate came out of the float32 precision path: back to the stream's dtype
         y = self.out_proj(self.dropout(self.norm_attn(a.to(h.dtype)) * u))  # (B, T, d)
         weights = w if self.record_attention else None
-        return Observation(y, lp_obs, has_key, n_eff, v32, weights=weights)
+        return Observation(y, lp_obs, has_key, n_eff, v32, weights=weights)  # values: all T
 
 
 class HSTUEncoder(nn.Module):
@@ -348,11 +391,13 @@ class HSTUEncoder(nn.Module):
         log_precision: Tensor | None = None,
         timestamps: Tensor | None = None,
         return_precision: bool = False,
+        last_only: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """src: (B, T, d); log_precision: (B, T, G) or (B, T, 1), -inf at padding.
 
         timestamps: (B, T) or None. Returns the output (B, T, d), and with
         ``return_precision`` the final ``log lambda`` (B, T, G) too (None in off mode).
+        ``last_only``: the last layer computes the last position only (B, 1, ...).
         """
         h, lp = src, log_precision
         if lp is not None and lp.shape[-1] == 1:
@@ -360,8 +405,10 @@ class HSTUEncoder(nn.Module):
         for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
             assert isinstance(layer, FilterLayer)
             layer.flush_sill()
-        for layer in self.layers:
-            h, lp = layer(h, lp, src_key_padding_mask, is_causal, timestamps)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h, lp = layer(h, lp, src_key_padding_mask, is_causal, timestamps,
+                          last_only=last_only and i == last)  # fmt: skip
         if self.precision == "off":
             lp = None
         return (h, lp) if return_precision else h

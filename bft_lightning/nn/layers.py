@@ -184,29 +184,52 @@ class BFTEncoderLayer(FilterLayer):
         key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         attn_mask: Tensor | None = None,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """h: (B, T, d); log_prec: (B, T, G) with -inf at padding, or None.
 
         key_padding_mask: (B, T) bool, True = padding (as in ``torch.nn``).
         Returns ``(h'', log lambda'')``; in off mode the precision is passed through.
+        ``last_only``: the output of the last position only, (B, 1, d) and (B, 1, G)
+        (evaluation: the attention query, the update and the FFN of that position;
+        keys and values from all). The same values as the full output's last position.
         """
         valid = valid_positions(h, log_prec, key_padding_mask)  # (B, T)
         allowed = build_allowed(valid, is_causal, attn_mask)  # (B, 1, T, T)
+        default = lambda x: default_log_precision(x, self.groups, self.norm1.eps)  # noqa: E731
+        if last_only and (self.training or self.calibrate_sill):  # the sill reads every position
+            out, lp = self.forward(h, log_prec, key_padding_mask, is_causal, attn_mask)
+            return out[:, -1:], None if lp is None else lp[:, -1:]
+        if last_only:
+            allowed = allowed[:, :, -1:]
+            if self.precision == "off":
+                lp_last = None if log_prec is None else log_prec[:, -1:]
+                return self._forward_off(h, valid, allowed, True), lp_last
+            lp_all = BF.clamp_log_prec(default(h) if log_prec is None else log_prec, valid)
+            return self.filter_step(
+                h[:, -1:], lp_all[:, -1:], valid[:, -1:],
+                observe=lambda _: self._observe(h, lp_all, allowed, True),
+                dynamics=self._dynamics, default=default,
+            )  # fmt: skip
         if self.precision == "off":
             return self._forward_off(h, valid, allowed), log_prec
         return self.filter_step(
             h, log_prec, valid,
             observe=lambda lp: self._observe(h, lp, allowed),
-            dynamics=self._dynamics,
-            default=lambda x: default_log_precision(x, self.groups, self.norm1.eps),
+            dynamics=self._dynamics, default=default,
         )  # fmt: skip
 
     _valid = staticmethod(valid_positions)  # the old name
 
-    def _forward_off(self, h: Tensor, valid: Tensor, allowed: Tensor) -> Tensor:
+    def _forward_off(
+        self, h: Tensor, valid: Tensor, allowed: Tensor, last_only: bool = False
+    ) -> Tensor:
         z, weights, _, gate = self.self_attn(
-            self.norm1(h), allowed, need_weights=self.record and self.record_attention
-        )
+            self.norm1(h), allowed, need_weights=self.record and self.record_attention,
+            last_only=last_only,
+        )  # fmt: skip
+        if last_only:
+            h, valid = h[:, -1:], valid[:, -1:]
         h = h + self.dropout1(z)
         f, _ = self._ffn(self.norm2(h))
         h = h + self.dropout2(f)
@@ -214,9 +237,12 @@ class BFTEncoderLayer(FilterLayer):
             self.last_stats = FilterStats.plain(valid, self.groups, weights, gate, self.nhead)
         return h
 
-    def _observe(self, h: Tensor, lp: Tensor, allowed: Tensor) -> Observation:
+    def _observe(
+        self, h: Tensor, lp: Tensor, allowed: Tensor, last_only: bool = False
+    ) -> Observation:
         """Kriging attention with the keys' precision as a logit bias (``docs/spec.md``,
-        Observe); with ``key_precision=False`` the off twin's weights."""
+        Observe); with ``key_precision=False`` the off twin's weights. ``last_only``:
+        the last position's query (``h``, ``lp`` of every position, the keys)."""
         attn = self.self_attn
         bias = None
         if self.key_precision:
@@ -229,12 +255,13 @@ class BFTEncoderLayer(FilterLayer):
         # per head: z holds the heads' estimates, not yet through W_O
         z, weights, stats, gate = attn(
             self.norm1(h), allowed, bias, with_stats=True, need_weights=self.record_attention,
-            project=not per_head,
+            project=not per_head, last_only=last_only,
         )  # fmt: skip
         assert stats is not None
+        prior = None if bias is None or not per_head else bias[:, :, -z.shape[1] :]  # the queries'
         obs = self.kriging_observation(
             stats, z if per_head else self.dropout1(z), attn.out_proj.weight, self.nhead, gate,
-            head_prior=bias if per_head else None,
+            head_prior=prior,
         )  # fmt: skip
         if per_head:
             obs.project = lambda x: self.dropout1(attn.out_proj(x))
@@ -290,6 +317,7 @@ class BFTEncoder(nn.Module):
         is_causal: bool | None = None,
         log_precision: Tensor | None = None,
         return_precision: bool = False,
+        last_only: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """src: (B, T, d); log_precision: (B, T, G) or (B, T, 1), -inf at padding.
 
@@ -298,7 +326,9 @@ class BFTEncoder(nn.Module):
         causal mask; with one, both: a causal mask given as ``mask`` is unchanged,
         a narrower one, e.g. a causal window, is kept).
         Returns the output (B, T, d), and with ``return_precision`` the final
-        ``log lambda`` (B, T, G) too (None in off mode).
+        ``log lambda`` (B, T, G) too (None in off mode). ``last_only``: the last
+        layer computes the last position only (B, 1, ...), the same values
+        (``BFTEncoderLayer.forward``): what evaluation reads.
         """
         causal = bool(is_causal)
         h, lp = src, log_precision
@@ -307,9 +337,10 @@ class BFTEncoder(nn.Module):
         for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
             assert isinstance(layer, FilterLayer)
             layer.flush_sill()
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             h, lp = layer(h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
-                          attn_mask=mask)  # fmt: skip
+                          attn_mask=mask, last_only=last_only and i == last)  # fmt: skip
         if self.norm is not None:
             h = self.norm(h)
         if self.precision == "off":

@@ -72,17 +72,19 @@ def run(opts: argparse.Namespace, extra: list[str] | None = None) -> str:
         raise InputError(f"--k {opts.k}: {err}") from None
     try:
         if opts.config:
-            rows, targets, left_out = _validation_users(opts.config, opts.ckpt_path, extra or [])
-            report = rec.calibrate_encoded(rows, targets, k, left_out=left_out)
+            rows, targets, times = _validation_users(opts.config, opts.ckpt_path, extra or [])
+            report = rec.calibrate_encoded(rows, targets, k, times=times)
         else:
-            histories, targets_raw, short = [], [], 0
+            histories, targets_raw, stamps, short = [], [], [], 0
             for h in read_histories(opts.input, opts.input_format):
                 if len(h.items) < 2:
                     short += 1
                     continue
                 histories.append(h.items[:-1])
                 targets_raw.append(h.items[-1])
-            report = rec.calibrate(histories, targets_raw, k)
+                stamps.append(None if h.times is None else h.times[:-1])
+            timed = any(t is not None for t in stamps)
+            report = rec.calibrate(histories, targets_raw, k, times=stamps if timed else None)
             report["left_out"] += short
     except ValueError as err:
         raise InputError(str(err)) from None
@@ -98,8 +100,9 @@ def run(opts: argparse.Namespace, extra: list[str] | None = None) -> str:
 
 def _validation_users(
     config: str, ckpt_path: str, overrides: list[str]
-) -> tuple[list[list[int]], list[int], int]:
-    """The validation users' histories and targets, in the checkpoint's item indices."""
+) -> tuple[list[list[int]], list[int], list[list[int]] | None]:
+    """The validation users' histories, targets (the checkpoint's item indices) and
+    timestamps (None when the data has none)."""
     from bft_lightning.cli import main as cli_main
     from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 
@@ -117,11 +120,16 @@ def _validation_users(
     dm.setup("validate")
     rows: list[list[int]] = []
     targets: list[int] = []
+    times: list[list[int]] = []
+    timed = False
     for batch in dm.val_dataloader():
-        ids, target = batch["input_ids"], batch["target"]
+        ids, target, stamps = batch["input_ids"], batch["target"], batch.get("input_time")
+        timed = stamps is not None
         for r in range(len(ids)):
-            row = ids[r][ids[r] > 0].tolist()
+            keep = ids[r] > 0
+            row = ids[r][keep].tolist()
             if row:
                 rows.append(row)
                 targets.append(int(target[r]))
-    return rows, targets, 0
+                times.append(stamps[r][keep].tolist() if stamps is not None else [])
+    return rows, targets, times if timed else None

@@ -3,11 +3,17 @@
 Input, one history per user:
 
 - JSON lines (``.jsonl``, ``.ndjson``, ``.json``): ``{"user": "u1", "items": ["B00X1",
-  "B00Q7"]}``, items oldest first; an empty list is a cold user.
+  "B00Q7"], "times": [1390000000, 1390086400]}``, items oldest first; an empty
+  list is a cold user; ``times`` (optional) holds one unix timestamp per item.
 - CSV (``.csv``): ``user,item[,timestamp]``, one interaction a row, an optional
   header (``user,item,timestamp``). A user's rows must be contiguous (sorted
   or grouped by user); within a user they are ordered by timestamp when
   there is one (stable), else kept in file order.
+
+Timestamps reach the model where it reads them (HSTU trained with
+timestamps, whose attention has a learned time bias; ``docs/recommend.md``).
+For such a checkpoint every non-empty history needs them (a ``times`` field or
+the timestamp column), else the line is refused; other models ignore them.
 
 Output (``.csv`` or ``.jsonl``): one row per (user, rank, item, score,
 confidence). Histories are read, ranked and written in batches of
@@ -27,7 +33,7 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from .recommender import Recommender, UnknownItemsError
+from .recommender import Recommender
 from .rows import RowWriter, output_format
 
 __all__ = ["History", "InputError", "main", "read_csv", "read_histories", "read_jsonl"]
@@ -40,11 +46,13 @@ class InputError(ValueError):
 
 
 class History(NamedTuple):
-    """One user's items (raw ids, oldest first) and the line it starts on."""
+    """One user's items (raw ids, oldest first), the line it starts on, and the
+    items' timestamps (unix seconds, whole) or None."""
 
     user: str
     items: list[str]
     line: int
+    times: list[int] | None = None
 
 
 def _id(value: object, path: Path, line: int, field: str) -> str:
@@ -88,7 +96,27 @@ def read_jsonl(path: str | Path) -> Iterator[History]:
                 )
             user = _id(row["user"], path, line, "field 'user'")
             ids = [_id(v, path, line, f"field 'items'[{j}]") for j, v in enumerate(items)]
-            yield History(user, ids, line)
+            yield History(user, ids, line, _json_times(row.get("times"), len(ids), path, line))
+
+
+def _json_times(times: object, n: int, path: Path, line: int) -> list[int] | None:
+    if times is None:
+        return None
+    if not isinstance(times, list):
+        raise InputError(f"{path}:{line}: field 'times': expected a list of numbers, got {times!r}")
+    if len(times) != n:
+        raise InputError(
+            f"{path}:{line}: field 'times': {len(times)} timestamps for {n} items (one per item)"
+        )
+    out = []
+    for j, t in enumerate(times):
+        if isinstance(t, bool) or not isinstance(t, int | float):
+            raise InputError(f"{path}:{line}: field 'times'[{j}]: expected a number, got {t!r}")
+        value = float(t)
+        if value != value or abs(value) >= 2**62:
+            raise InputError(f"{path}:{line}: field 'times'[{j}]: expected a finite number")
+        out.append(int(t))
+    return out
 
 
 _USER, _ITEM, _TIME = ("user", "user_id", "userid"), ("item", "item_id", "itemid"), (
@@ -118,9 +146,15 @@ def _timestamp(text: str, path: Path, line: int) -> float:
         value = float(text)
     except ValueError:
         raise InputError(f"{path}:{line}: timestamp: expected a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
+    if value != value or abs(value) >= 2**62:
         raise InputError(f"{path}:{line}: timestamp: expected a finite number, got {text!r}")
     return value
+
+
+def _whole(text: str, value: float) -> int:
+    """Whole seconds as the data readers store them (exact for integer text)."""
+    stripped = text.strip()
+    return int(stripped) if stripped.lstrip("+-").isdigit() else int(value)
 
 
 def read_csv(path: str | Path) -> Iterator[History]:
@@ -138,7 +172,7 @@ def read_csv(path: str | Path) -> Iterator[History]:
         done: dict[str, int] = {}
         user: str | None = None
         first = 0
-        rows: list[tuple[float, str]] = []
+        rows: list[tuple[float, str, int]] = []
         timed = False
         try:
             for fields in reader:
@@ -163,7 +197,11 @@ def read_csv(path: str | Path) -> Iterator[History]:
                 timed = "timestamp" in columns
                 u = _id(fields[columns["user"]], path, line, "user")
                 item = _id(fields[columns["item"]], path, line, "item")
-                t = _timestamp(fields[columns["timestamp"]], path, line) if timed else 0.0
+                t, whole = 0.0, 0
+                if timed:
+                    text = fields[columns["timestamp"]]
+                    t = _timestamp(text, path, line)
+                    whole = _whole(text, t)
                 if u != user:
                     if u in done:
                         raise InputError(
@@ -174,17 +212,18 @@ def read_csv(path: str | Path) -> Iterator[History]:
                         done[user] = line - 1
                         yield _finish(user, rows, first, timed)
                     user, first, rows = u, line, []
-                rows.append((t, item))
+                rows.append((t, item, whole))
         except csv.Error as err:
             raise InputError(f"{path}:{reader.line_num}: {err}") from None
         if user is not None:
             yield _finish(user, rows, first, timed)
 
 
-def _finish(user: str, rows: list[tuple[float, str]], line: int, timed: bool) -> History:
+def _finish(user: str, rows: list[tuple[float, str, int]], line: int, timed: bool) -> History:
     if timed:
         rows = sorted(rows, key=lambda r: r[0])  # stable: equal times keep file order
-    return History(user, [item for _, item in rows], line)
+    times = [whole for _, _, whole in rows] if timed else None
+    return History(user, [item for _, item, _ in rows], line, times)
 
 
 def read_histories(path: str | Path, fmt: str | None = None) -> Iterator[History]:
@@ -267,14 +306,23 @@ def _write(rec: Recommender, histories: Iterator[History], k: int, opts: argpars
 
     rows = RowWriter(opts.output, opts.output_format)
     users = unknown = unknown_users = cold = 0
+    first_timed: History | None = None  # the first history the model reads, with its times
     bar = tqdm(unit=" users", disable=True if opts.no_progress else None, file=sys.stderr)
     try:
         for batch in batched(histories, opts.batch_size):
             encoded = []
             for h in batch:
+                if rec.uses_times and h.items:
+                    first_timed = first_timed or h
+                    if (h.times is None) != (first_timed.times is None):
+                        has = "has" if h.times is not None else "has no"
+                        raise InputError(
+                            f"{opts.input}:{h.line}: user {h.user!r}: {has} times, unlike the "
+                            f"history on line {first_timed.line}: give every history times or none"
+                        )
                 try:
-                    encoded.append(rec.encode(h.items, h.line))
-                except UnknownItemsError as err:
+                    encoded.append(rec.encode(h.items, h.line, h.times))
+                except ValueError as err:  # UnknownItemsError, times
                     raise InputError(
                         f"{opts.input}:{h.line}: user {h.user!r}: " + str(err).split(": ", 1)[1]
                     ) from None

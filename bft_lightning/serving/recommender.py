@@ -28,9 +28,10 @@ from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.utils.checkpoint_io import CheckpointLoadError, safe_load_checkpoint
 
 from .calibration import ConfidenceCalibration, feature_names, fit_calibration
+from .histories import EncodedHistory, check_times, left_pad, pad_times
 from .inference import list_features, rank_next
 
-__all__ = ["Recommendation", "Recommender", "UnknownItemsError"]
+__all__ = ["EncodedHistory", "Recommendation", "Recommender", "UnknownItemsError"]
 
 CHECKPOINT_KEY = "bft_lightning"  # = tasks.recommendation.CHECKPOINT_KEY
 
@@ -91,6 +92,9 @@ class Recommender:
         item_frequency: ``(num_items + 1,)`` training counts (cold users' ranking).
         device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         calibration: maps each list to ``P(hit@k)`` (``calibrate``); None: raw signal.
+        trained_with_times: whether the training data had timestamps (the
+            checkpoint records it); None: not known (a checkpoint saved before
+            it was recorded). See :attr:`needs_times`.
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class Recommender:
         item_frequency: Tensor | Sequence[int],
         device: str | torch.device = "cpu",
         calibration: ConfidenceCalibration | None = None,
+        trained_with_times: bool | None = None,
     ) -> None:
         if len(item_ids) != model.num_items + 1 or (len(item_ids) and str(item_ids[0]) != ""):
             raise ValueError(
@@ -116,6 +121,7 @@ class Recommender:
         self._prior = torch.cat([prior.new_full((1,), -math.inf), prior]).float()
         self._log_count = torch.log1p(freq).float()  # (num_items + 1,) for the confidence
         self.calibration = calibration
+        self.trained_with_times = trained_with_times
         if calibration is not None:
             self._check_calibration(calibration, "calibration")
 
@@ -164,8 +170,9 @@ class Recommender:
         calibration = info.get("confidence")
         if calibration is not None:
             calibration = ConfidenceCalibration.from_dict(calibration, str(path))
+        timed = info.get("timestamps")
         return cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device,
-                   calibration)  # fmt: skip
+                   calibration, None if timed is None else bool(timed))  # fmt: skip
 
     def _check_calibration(self, calibration: ConfidenceCalibration, source: str) -> None:
         expected = feature_names(self.model.precision)
@@ -187,6 +194,21 @@ class Recommender:
         """The longest history the model reads; longer ones use their last ``max_len`` items."""
         return self.model.max_len
 
+    @property
+    def uses_times(self) -> bool:
+        """Whether timestamps given to :meth:`recommend` reach the model: its backbone
+        reads them (HSTU's time bias) and it was not trained without them."""
+        return bool(getattr(self.model, "uses_timestamps", False)) and (
+            self.trained_with_times is not False
+        )
+
+    @property
+    def needs_times(self) -> bool:
+        """Whether :meth:`recommend` requires timestamps for every non-empty history:
+        the backbone reads them and the checkpoint says it was trained with them
+        (without them it would compute another function than the one trained)."""
+        return self.uses_times and self.trained_with_times is True
+
     # ------------------------------------------------------------ recommending
 
     def check_k(self, k: object) -> int:
@@ -203,18 +225,34 @@ class Recommender:
         return int(k)
 
     def encode(
-        self, history: Sequence[str | int], position: int = 0
-    ) -> tuple[list[int], tuple[str, ...]]:
-        """(known item indices, oldest first; the raw ids the checkpoint does not know).
+        self,
+        history: Sequence[str | int],
+        position: int = 0,
+        times: Sequence[int | float] | None = None,
+    ) -> EncodedHistory:
+        """The history in the checkpoint's indices: known items (oldest first), the raw
+        ids it does not know, and the known items' timestamps.
 
         Ids are compared as strings (``1234`` and ``"1234"`` are the same item).
-        Raises ``UnknownItemsError`` when the history is not empty but none is known.
+        ``times`` (one number per item, unix seconds) must have the history's
+        length; an unknown item's time is dropped with it. Raises
+        ``UnknownItemsError`` when the history is not empty but none is known,
+        ``ValueError`` naming ``position`` for a bad history or bad times, and
+        when :attr:`needs_times` and a non-empty history has none.
         """
         if isinstance(history, str | bytes) or not isinstance(history, Sequence):
             raise ValueError(
                 f"history {position}: expected a list of item ids, got {type(history).__name__}"
             )
-        known, unknown = [], []
+        stamps = None if times is None else check_times(times, len(history), position)
+        if stamps is None and self.needs_times and len(history):
+            raise ValueError(
+                f"history {position}: no timestamps, but the checkpoint's "
+                f"{type(self.model).__name__} was trained with them (its attention has a "
+                "learned time bias): give each history its times (recommend(..., times=...), "
+                'a "times" field or a timestamp column)'
+            )
+        known, unknown, known_times = [], [], []
         for j, raw in enumerate(history):
             if isinstance(raw, bool) or not isinstance(raw, str | int | np.integer):
                 raise ValueError(
@@ -227,9 +265,12 @@ class Recommender:
                 unknown.append(key)
             else:
                 known.append(code)
+                if stamps is not None:
+                    known_times.append(stamps[j])
         if unknown and not known:
             raise UnknownItemsError(position, unknown)
-        return known, tuple(unknown)
+        use = stamps is not None and self.uses_times
+        return EncodedHistory(known, tuple(unknown), known_times if use else None)
 
     def recommend(
         self,
@@ -237,8 +278,17 @@ class Recommender:
         k: int = 10,
         exclude_seen: bool = False,
         batch_size: int = 256,
+        times: Sequence[Sequence[int | float] | None] | None = None,
     ) -> list[Recommendation]:
         """The top ``k`` next items for each history (raw item ids, oldest first).
+
+        ``times``: one list of timestamps (unix seconds, as in the training
+        data) per history, parallel to its items, or None. They reach the model
+        only where it reads them (:attr:`uses_times`: HSTU's time bias, when
+        trained with timestamps); SASRec and BERT4Rec check and ignore them. A
+        history whose times have another length is a ``ValueError`` naming its
+        index; so is a missing one when :attr:`needs_times` (an HSTU trained
+        with timestamps would otherwise run without its time bias).
 
         - Unknown ids (not in the checkpoint's vocabulary) are skipped and
           listed in ``Recommendation.unknown``; a non-empty history with no
@@ -262,36 +312,37 @@ class Recommender:
             raise ValueError("histories must be a list of histories (lists of item ids)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if times is not None and len(times) != len(histories):
+            raise ValueError(f"{len(times)} lists of times for {len(histories)} histories")
         out: list[Recommendation] = []
         for start in range(0, len(histories), batch_size):
             encoded = [
-                self.encode(h, start + i)
+                self.encode(h, start + i, None if times is None else times[start + i])
                 for i, h in enumerate(histories[start : start + batch_size])
             ]
             out += self.recommend_encoded(encoded, k, exclude_seen)
         return out
 
     def recommend_encoded(
-        self, encoded: list[tuple[list[int], tuple[str, ...]]], k: int, exclude_seen: bool
+        self, encoded: Sequence[EncodedHistory], k: int, exclude_seen: bool
     ) -> list[Recommendation]:
         """:meth:`recommend` for histories already mapped by :meth:`encode` (one batch)."""
-        warm = [i for i, (known, _) in enumerate(encoded) if known]
+        warm = [i for i, e in enumerate(encoded) if e.items]
         results: dict[int, Recommendation] = {}
         if warm:
-            rows = [encoded[i][0] for i in warm]
+            rows = [encoded[i].items for i in warm]
             width = min(max(len(r) for r in rows), self.max_len)
-            ids = torch.zeros(len(rows), width, dtype=torch.long)
-            for r, row in enumerate(rows):
-                tail = row[-width:]
-                ids[r, width - len(tail) :] = torch.tensor(tail)
+            ids = left_pad(rows, width)
+            stamps = pad_times([encoded[i] for i in warm], width)
             exclude = None
             if exclude_seen:
                 exclude = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
                 for r, row in enumerate(rows):
                     exclude[r, : len(row)] = torch.tensor(row)
                 exclude = exclude.to(self.device)
-            top, confidence = rank_next(self.model, ids.to(self.device), k, exclude=exclude,
-                                        calibration=self.calibration,
+            stamps = None if stamps is None else stamps.to(self.device)
+            top, confidence = rank_next(self.model, ids.to(self.device), k, times=stamps,
+                                        exclude=exclude, calibration=self.calibration,
                                         item_log_count=self._log_count)  # fmt: skip
             scores, items = top.scores.cpu(), top.ids.cpu()
             confidence = confidence.cpu()
@@ -301,7 +352,7 @@ class Recommender:
                     items=list(self.item_ids[items[r][valid].numpy()]),
                     scores=scores[r][valid].tolist(),
                     confidence=float(confidence[r]),
-                    unknown=encoded[i][1],
+                    unknown=encoded[i].unknown,
                 )
         if len(warm) < len(encoded):
             cold = self._cold(k)
@@ -317,11 +368,13 @@ class Recommender:
         targets: Sequence[str | int],
         k: int = 10,
         batch_size: int = 512,
+        times: Sequence[Sequence[int | float] | None] | None = None,
     ) -> dict[str, Any]:
         """Fit the confidence on held-out users: ``P(target among the first k)``.
 
         histories: raw item ids, oldest first, one list per user; targets: each
-        user's actual next item (raw id). Users with an empty history or whose
+        user's actual next item (raw id); times: per history, as in
+        :meth:`recommend`. Users with an empty history or whose
         target or whole history the checkpoint does not know are left out and
         counted. Sets :attr:`calibration` (``save_calibration`` writes it into a
         checkpoint) and returns ``{"users", "left_out", "hit_rate", "auroc"}``.
@@ -332,21 +385,32 @@ class Recommender:
             raise ValueError(f"k must be below the item count ({self.num_items}) to calibrate")
         if len(histories) != len(targets):
             raise ValueError(f"{len(histories)} histories but {len(targets)} targets")
+        if times is not None and len(times) != len(histories):
+            raise ValueError(f"{len(times)} lists of times for {len(histories)} histories")
         rows: list[list[int]] = []
         codes: list[int] = []
+        stamps: list[list[int] | None] = []
         left_out = 0
         for i, (history, target) in enumerate(zip(histories, targets, strict=True)):
             code = self.index.get(str(target).strip())
             try:
-                known, _ = self.encode(history, i)
+                encoded = self.encode(history, i, None if times is None else times[i])
             except UnknownItemsError:
-                known = []
-            if code is None or not known:
+                encoded = None
+            if code is None or encoded is None or not encoded.items:
                 left_out += 1
                 continue
-            rows.append(known)
+            rows.append(encoded.items)
             codes.append(code)
-        return self.calibrate_encoded(rows, codes, k, batch_size, left_out)
+            stamps.append(encoded.times)
+        return self.calibrate_encoded(
+            rows,
+            codes,
+            k,
+            batch_size,
+            left_out,
+            stamps if any(t is not None for t in stamps) else None,
+        )
 
     def calibrate_encoded(
         self,
@@ -355,17 +419,27 @@ class Recommender:
         k: int = 10,
         batch_size: int = 512,
         left_out: int = 0,
+        times: Sequence[Sequence[int] | None] | None = None,
     ) -> dict[str, Any]:
-        """:meth:`calibrate` for histories and targets already in the checkpoint's indices."""
+        """:meth:`calibrate` for histories and targets already in the checkpoint's indices
+        (``times``: whole-second timestamps parallel to ``rows``, or None)."""
+        if times is None and self.needs_times:
+            raise ValueError(
+                f"the checkpoint's {type(self.model).__name__} was trained with timestamps: "
+                "calibrate it on histories with their times"
+            )
         xs, hits = [], []
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
             width = min(max(len(r) for r in batch), self.max_len)
-            ids = torch.zeros(len(batch), width, dtype=torch.long)
-            for r, row in enumerate(batch):
-                tail = list(row)[-width:]
-                ids[r, width - len(tail) :] = torch.tensor(tail)
-            top, x = list_features(self.model, ids.to(self.device), k, self._log_count)
+            ids = left_pad(batch, width)
+            stamps = None
+            if times is not None and self.uses_times:
+                part = times[start : start + batch_size]
+                stamps = pad_times([EncodedHistory(list(r), (), None if t is None else list(t))
+                                    for r, t in zip(batch, part, strict=True)], width)  # fmt: skip
+                stamps = None if stamps is None else stamps.to(self.device)
+            top, x = list_features(self.model, ids.to(self.device), k, self._log_count, stamps)
             target = torch.tensor(list(targets[start : start + batch_size]))
             hits.append((top.ids[:, :k].cpu() == target.unsqueeze(1)).any(1))
             xs.append(x)
@@ -410,5 +484,7 @@ class Recommender:
         cal = self.calibration
         return {"items": self.num_items, "max_len": self.max_len,
                 "backbone": type(self.model).__name__, "device": str(self.device),
+                "timestamps": "required" if self.needs_times else
+                ("used when given" if self.uses_times else "not read"),
                 "confidence": f"P(hit@{cal.k}), calibrated on {cal.n_users} users"
                 if cal is not None else "raw signal (not calibrated)"}  # fmt: skip

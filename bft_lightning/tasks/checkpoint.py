@@ -144,3 +144,17 @@ def check_checkpoint(
             )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{source}: parameter {name} holds NaN or inf values")
+
+
+def check_timestamps(dm: object, checkpoint: dict[str, Any], model: object, source: str) -> None:
+    """Refuse data without timestamps for a model trained with them that reads them
+    (HSTU's time bias): it would be evaluated or serve as another function."""
+    timed = (checkpoint.get(CHECKPOINT_KEY) or {}).get("timestamps")
+    if not timed or not getattr(model, "uses_timestamps", False) or dm is None:
+        return
+    if getattr(dm, "has_time", None) is False:
+        raise ValueError(
+            f"{source}: its {type(model).__name__} was trained with timestamps (a learned "
+            "time bias in its attention), but the data has none: give it the same data "
+            "with its timestamp column"
+        )

@@ -304,6 +304,8 @@ class SequentialRecommendation(L.LightningModule):
         ``SequenceDataModule``): raw item ids in index order, raw user ids,
         training item counts, ``max_len``, the reader's format and a data
         fingerprint; see ``bft_lightning.datamodules.vocabulary``.
+        ``timestamps``: whether the data had timestamps (``has_time``), which
+        HSTU's time bias read in training; serving then requires them.
         """
         info: dict[str, Any] = {
             "task": qualname(type(self)),
@@ -317,6 +319,9 @@ class SequentialRecommendation(L.LightningModule):
         state = getattr(dm, "vocabulary_state", None)
         if callable(state):
             info["vocabulary"] = state()
+        timed = getattr(dm, "has_time", None)
+        if isinstance(timed, bool):  # trained with timestamps (HSTU's time bias reads them)
+            info["timestamps"] = timed
         checkpoint[CHECKPOINT_KEY] = info
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -324,6 +329,7 @@ class SequentialRecommendation(L.LightningModule):
         self.check_checkpoint(checkpoint, str(source or "checkpoint"))
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         ckpt.use_checkpoint_vocabulary(dm, checkpoint, str(source or "checkpoint"))
+        ckpt.check_timestamps(dm, checkpoint, self.model, str(source or "checkpoint"))
         # a calibrated confidence (python -m bft_lightning calibrate) is used by predict;
         # it is not saved again: new weights need a new calibration
         calibration = (checkpoint.get(CHECKPOINT_KEY) or {}).get("confidence")
