@@ -182,10 +182,11 @@ class SequentialRecommender(nn.Module):
             return self.filter.attention_impl
         self.filter = dataclasses.replace(self.filter, attention_impl="blockwise")
         for module in self.modules():
-            if isinstance(getattr(module, "config", None), FilterConfig):
-                module.config = dataclasses.replace(module.config, attention_impl="blockwise")
-            if isinstance(getattr(module, "impl", None), str):
-                module.impl = "blockwise"
+            config = getattr(module, "config", None)
+            if isinstance(config, FilterConfig):  # the layers' record of their options
+                module.config = dataclasses.replace(config, attention_impl="blockwise")  # type: ignore[assignment]
+            if isinstance(getattr(module, "impl", None), str):  # the attention modules
+                module.impl = "blockwise"  # type: ignore[assignment]
         return "blockwise"
 
     def _last_layer(self) -> Any:
