@@ -10,7 +10,10 @@ One short script for a GPU machine (a few minutes): it prints
 3. one training step (forward, full-softmax loss, backward, AdamW) of SASRec,
    BERT4Rec and HSTU on synthetic ids, on/off, eager and compiled (HSTU's
    pointwise attention has no softmax and does not use the kernel; it is listed
-   for the step's other costs).
+   for the step's other costs);
+4. the CUDA kernels one layer launches per forward + backward step (encoder
+   layer, Llama decoder layer, HSTU block; B, T, d, H = 64, 200, 64, 2), off
+   against on (fused), eager and compiled (``bench/kernel_count.py``'s table).
 
 The BFT layers reach the kernel through ``attention_impl="fused"`` once the
 dispatch offers it; until then this script routes the layers' chunked path to
@@ -18,6 +21,7 @@ the fused kernel (same arguments and returns) for its own runs only.
 
     python bench/cuda_fast_path.py                 # everything (~3-5 minutes on one GPU)
     python bench/cuda_fast_path.py --skip-compile  # eager only
+    python bench/cuda_fast_path.py --only-kernel-count
 """
 
 from __future__ import annotations
@@ -163,19 +167,29 @@ def step_table(impl: str, compile_: bool, steps: int) -> None:
               flush=True)  # fmt: skip
 
 
+def kernel_count_table(impl: str, compile_: bool) -> None:
+    import kernel_count as kc
+
+    print("\n## CUDA kernels per forward + backward step, one layer, off / on\n")
+    kc.table(list(kc.ARCHS), [(64, 200, 64, 2)], [impl], "cuda", compile_)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=10, help="timed layer steps per twin")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per model")
     p.add_argument("--skip-compile", action="store_true")
+    p.add_argument("--only-kernel-count", action="store_true", help="the kernel-count table only")
     args = p.parse_args()
     _require_cuda()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    correctness()
     impl = _fused_impl()
-    for compile_ in (False,) if args.skip_compile else (False, True):
-        layer_table(impl, compile_, args.reps)
-        step_table(impl, compile_, args.steps)
+    if not args.only_kernel_count:
+        correctness()
+        for compile_ in (False,) if args.skip_compile else (False, True):
+            layer_table(impl, compile_, args.reps)
+            step_table(impl, compile_, args.steps)
+    kernel_count_table(impl, not args.skip_compile)
 
 
 if __name__ == "__main__":

@@ -57,21 +57,28 @@ class LlamaLayer(nn.Module):
 
 
 def build(
-    d: int, h: int, precision: str, impl: str, device: str, chunk: int = 256, arch: str = "encoder"
+    d: int,
+    h: int,
+    precision: str,
+    impl: str,
+    device: str,
+    chunk: int = 256,
+    arch: str = "encoder",
+    dropout: float = 0.1,
 ) -> nn.Module:
     if arch == "llama":
         return LlamaLayer(d, h, precision, impl, chunk).to(device).train()
-    layer = BFTEncoderLayer(d, h, 4 * d, dropout=0.1, activation="gelu", precision=precision,
+    layer = BFTEncoderLayer(d, h, 4 * d, dropout=dropout, activation="gelu", precision=precision,
                             attention_impl=impl, attention_chunk=chunk)  # fmt: skip
     return BFTEncoder(layer, 1).to(device).train()
 
 
-def step(model: nn.Module, x: torch.Tensor, pad: torch.Tensor) -> None:
+def step(model: nn.Module, x: torch.Tensor, pad: torch.Tensor | None) -> None:
     y = model(x, src_key_padding_mask=pad, is_causal=True)
     y.square().mean().backward()  # type: ignore[union-attr]
 
 
-def timed(model: nn.Module, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
+def timed(model: nn.Module, x: torch.Tensor, pad: torch.Tensor | None, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     t = time.perf_counter()
@@ -81,7 +88,7 @@ def timed(model: nn.Module, x: torch.Tensor, pad: torch.Tensor, device: str) -> 
     return time.perf_counter() - t
 
 
-def peak_memory(model: nn.Module, x: torch.Tensor, pad: torch.Tensor, device: str) -> float:
+def peak_memory(model: nn.Module, x: torch.Tensor, pad: torch.Tensor | None, device: str) -> float:
     """CUDA: peak bytes allocated during one step above the baseline. CPU (no
     allocator statistics): bytes of the distinct storages saved for backward,
     which is what sets the activation memory of training."""
@@ -113,13 +120,17 @@ def peak_memory(model: nn.Module, x: torch.Tensor, pad: torch.Tensor, device: st
 
 def measure(
     shape: tuple[int, int, int, int], reps: int, off_impl: str, on_impl: str, chunk: int,
-    device: str, compile_: bool = False, arch: str = "encoder",
+    device: str, compile_: bool = False, arch: str = "encoder", dropout: float = 0.1,
+    padded: bool = True,
 ) -> dict:  # fmt: skip
+    """Median forward + backward time and memory of the off / on twins. ``padded``
+    False runs without a padding mask (the causal mask only); ``dropout`` is the
+    encoder layer's rate (the Llama layer has none)."""
     b, t, d, h = shape
     torch.manual_seed(0)
     models = {
-        "off": build(d, h, "off", off_impl, device, arch=arch),
-        "on": build(d, h, "on", on_impl, device, chunk, arch),
+        "off": build(d, h, "off", off_impl, device, arch=arch, dropout=dropout),
+        "on": build(d, h, "on", on_impl, device, chunk, arch, dropout),
     }
     models["on"].load_state_dict(models["off"].state_dict(), strict=False)
     if compile_:  # both twins compiled alike (inductor fuses the filter's elementwise work)
@@ -127,7 +138,7 @@ def measure(
         models = {name: torch.compile(m) for name, m in models.items()}
     x = torch.randn(b, t, d, device=device)
     lengths = torch.randint(t // 4, t + 1, (b,), device=device)
-    pad = torch.arange(t, device=device).unsqueeze(0) >= lengths.unsqueeze(1)
+    pad = torch.arange(t, device=device).unsqueeze(0) >= lengths.unsqueeze(1) if padded else None
     for m in models.values():  # warm-up (compiled: the graphs are built in the first calls)
         for _ in range(3 if compile_ else 1):
             step(m, x, pad)
@@ -149,7 +160,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--off-impl", default="sdpa", choices=["sdpa", "reference"])
-    p.add_argument("--on-impl", default="chunked", choices=["chunked", "reference"])
+    p.add_argument("--on-impl", default="chunked", choices=["chunked", "blockwise", "reference"])
     p.add_argument("--chunk", type=int, default=256, help="query block of the chunked path")
     p.add_argument("--shapes", nargs="+", default=None, help="B,T,d,H (default: all four)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -10,6 +10,7 @@ and builds its own encoder (``build_encoder``). Batches follow the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, ClassVar
 
@@ -51,10 +52,14 @@ class SequentialRecommender(nn.Module):
         head: ``"dot"`` (item dot product) or ``"precision"`` (the final
             precision sets a per-user temperature of the scores, so the last
             layer's ``Q`` is trained too).
-        attention_impl: ``"chunked"`` (default: query blocks with a hand-written
-            backward, no (T x T) weights kept; the off twin runs PyTorch's fused
-            attention) or ``"reference"`` (materialised weights, ``docs/spec.md``'s
-            reference). Same values and gradients. HSTU has its own attention.
+        attention_impl: a kernel of ``nn.kernels.KERNELS``: ``"chunked"`` (query
+            blocks with a hand-written backward, no (T x T) weights kept; the off
+            twin runs PyTorch's fused attention), ``"blockwise"`` (one pass over key
+            blocks, a ``torch.library`` custom op that ``torch.compile`` keeps in one
+            graph) or ``"reference"`` (materialised weights, ``docs/spec.md``'s
+            reference). Same values and gradients. None (default): ``"chunked"``,
+            and ``"blockwise"`` when the task compiles the model
+            (:meth:`use_compile_kernel`). HSTU has its own attention.
         attention_chunk: query block size of the chunked path.
         gain: ``"group"`` (``docs/spec.md``: a Kalman gain per residual group after
             ``W_O``) or ``"head"`` (a gain per head before ``W_O``; see
@@ -98,7 +103,7 @@ class SequentialRecommender(nn.Module):
         nu0: float = 1.0,
         attention_gate: str | None = None,
         head: str = "dot",
-        attention_impl: str = "chunked",
+        attention_impl: str | None = None,
         attention_chunk: int = 256,
         gain: str = "group",
         key_precision: bool = True,
@@ -108,10 +113,14 @@ class SequentialRecommender(nn.Module):
         super().__init__()
         flat = dict(
             precision=precision, groups=groups, q_init=q_init, nu0=nu0,
-            attention_gate=attention_gate, attention_impl=attention_impl,
+            attention_gate=attention_gate, attention_impl=attention_impl or "chunked",
             attention_chunk=attention_chunk, gain=gain, key_precision=key_precision,
         )  # fmt: skip
         config = _filter_config(filter, flat)
+        # the kernel was left to the model: compiling may pick the compile-friendly one
+        self.attention_impl_chosen = (
+            attention_impl is not None or config.attention_impl != "chunked"
+        )
         precision, groups = config.precision, config.groups
         _check_options(num_items, max_len, prior, prior_init, head)
         check_sizes(num_items=num_items, max_len=max_len, d_model=d_model, nhead=nhead,
@@ -164,6 +173,22 @@ class SequentialRecommender(nn.Module):
             config=config,
         )  # fmt: skip
         return BFTEncoder(layer, num_layers)
+
+    def use_compile_kernel(self) -> str:
+        """Before ``torch.compile``: switch the attention to ``"blockwise"`` (the
+        kernel the compiler holds in one graph; ``"chunked"``'s hand-written
+        backward breaks it) unless ``attention_impl`` was chosen. Same values and
+        gradients, no parameter changes. Returns the kernel in use."""
+        if self.attention_impl_chosen or self.filter.attention_impl == "blockwise":
+            return self.filter.attention_impl
+        self.filter = dataclasses.replace(self.filter, attention_impl="blockwise")
+        for module in self.modules():
+            config = getattr(module, "config", None)
+            if isinstance(config, FilterConfig):  # the layers' record of their options
+                module.config = dataclasses.replace(config, attention_impl="blockwise")  # type: ignore[assignment]
+            if isinstance(getattr(module, "impl", None), str):  # the attention modules
+                module.impl = "blockwise"  # type: ignore[assignment]
+        return "blockwise"
 
     def _last_layer(self) -> Any:
         return list(self.encoder.layers)[-1]  # type: ignore[union-attr, arg-type]

@@ -13,6 +13,7 @@ the data (``LightningCLI`` links ``data.num_items`` and ``data.max_len``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,23 @@ def _default_backbone(num_items: int, max_len: int) -> SequentialRecommender:
     return SASRec(num_items, max_len)
 
 
+def compiled_encode(encode: Callable[..., Any]) -> Callable[..., Any]:
+    """``encode`` under ``torch.compile`` with dynamic shapes: one graph serves every
+    batch size and history length. The ids (and times) go in as fresh contiguous
+    tensors, so a trimmed batch's view (its storage offset and strides, which
+    change with the trim) does not make the compiler specialise and rebuild."""
+    compiled = torch.compile(encode, dynamic=True)
+
+    @functools.wraps(encode)
+    def call(ids: Tensor, times: Tensor | None = None) -> Any:
+        fresh = ids.clone(memory_format=torch.contiguous_format)
+        if times is not None:
+            times = times.clone(memory_format=torch.contiguous_format)
+        return compiled(fresh, times)
+
+    return call
+
+
 def backbone_spec(backbone: object, built: type) -> dict[str, Any] | None:
     """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``
     (``bft_lightning.tasks.checkpoint.backbone_spec``), the default factory included."""
@@ -114,7 +132,10 @@ class SequentialRecommendation(L.LightningModule):
         ks: cut-offs of HR@k / NDCG@k.
         report_dir: where test reports go; default the logger's directory.
         compile: compile the backbone's encoder with ``torch.compile`` (dynamic
-            shapes: batches are trimmed to their longest history).
+            shapes: batches are trimmed to their longest history, and one graph
+            serves every length). A backbone whose ``attention_impl`` was left
+            unset then runs the ``"blockwise"`` kernel, which compiles as one graph
+            (``SequentialRecommender.use_compile_kernel``); a chosen kernel stays.
         loss_normalization: what a batch's summed loss is divided by:
             ``"rows"`` (default: its count of rows) or ``"targets"`` (its count
             of targets, a per-target mean). With batches of mixed lengths the
@@ -177,7 +198,9 @@ class SequentialRecommendation(L.LightningModule):
         self.model = backbone(num_items, max_len)
         self.backbone_spec = backbone_spec(backbone, type(self.model))
         if compile:  # an instance attribute: the state dict and checkpoints are unchanged
-            self.model.encode = torch.compile(self.model.encode, dynamic=True)  # type: ignore[method-assign]
+            if isinstance(self.model, SequentialRecommender):
+                self.model.use_compile_kernel()  # blockwise unless attention_impl was chosen
+            self.model.encode = compiled_encode(self.model.encode)  # type: ignore[method-assign]
         self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
         self.num_items, self.ks, self.mask_history = num_items, tuple(ks), mask_history
         self.lr, self.weight_decay, self.prior_lr_scale = lr, weight_decay, prior_lr_scale
