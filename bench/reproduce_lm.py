@@ -117,13 +117,13 @@ def _trainer(work: Path, **kw: Any) -> L.Trainer:
     )
 
 
-def pretrain(work: Path, steps: int) -> dict[str, Any]:
+def pretrain(work: Path, steps: int, root: str | None = None) -> dict[str, Any]:
     base = work / "base"
     done = work / "pretrain.json"
     if done.is_file():
         return json.loads(done.read_text())
     L.seed_everything(0)
-    shakespeare = str(data_root() / "tinyshakespeare" / "input.txt")
+    shakespeare = str(data_root(root) / "tinyshakespeare" / "input.txt")
     dm = QAPretrainDataModule(
         seq_len=128,
         cloze_per_passage=6,
@@ -712,7 +712,6 @@ def main(argv: list[str] | None = None) -> None:
     # the benchmarks read the shared data sets next to the repository unless told otherwise
     shared = str(REPO.parent / "shared" / "data")
     a.data_root = a.data_root or os.environ.get("BFT_DATA_ROOT", shared)
-    os.environ["BFT_DATA_ROOT"] = a.data_root  # data_root() of the pre-training corpus
     torch.set_num_threads(a.threads)
     if a.checkpoint_dir is not None:
         a.out.mkdir(parents=True, exist_ok=True)
@@ -735,7 +734,7 @@ def main(argv: list[str] | None = None) -> None:
             "pretrain:",
             {
                 k: v
-                for k, v in pretrain(a.work, a.pretrain_steps).items()
+                for k, v in pretrain(a.work, a.pretrain_steps, a.data_root).items()
                 if k != "train_loss_trace"
             },
         )

@@ -270,7 +270,8 @@ def summarise(args: argparse.Namespace, runs: dict, seeds: list[int], out: Path)
         hr0, nd0 = _per_user(runs, "off", have)
         row = {"dataset": args.dataset, "backbone": args.backbone, "tag": _summary_tag(args),
                "variant": variant, "seeds": have, "hr10": float(hr.mean()),
-               "ndcg10": float(nd.mean()), "noise": args.noise, "strata_sizes": sizes}  # fmt: skip
+               "ndcg10": float(nd.mean()), "noise": getattr(args, "noise", 0.0),
+               "strata_sizes": sizes}  # fmt: skip
         for q in range(4):
             m = strata == q
             row[f"hr10_q{q}"], row[f"ndcg10_q{q}"] = float(hr[m].mean()), float(nd[m].mean())
