@@ -122,6 +122,8 @@ def run_train(model_name: str, loss: str, steps: int, batch_size: int, chunk: in
     labels_per_row = ((seq[:, 1:] > 0) & (seq[:, :-1] > 0)).sum(1)
     epoch_targets = int(labels_per_row.sum())
     times, targets = [], 0
+    if steps <= 0:  # the whole epoch: every row once (batch 0 is the warm-up, timed apart)
+        steps = -(-len(seq) // batch_size) - 1
     for step in range(steps + 1):  # step 0 warms up
         idx = order[step * batch_size : (step + 1) * batch_size]
         batch = {"seq": seq[idx], "seq_time": stamps[idx]}
