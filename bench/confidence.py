@@ -375,13 +375,13 @@ def merge_reports(old: str, new: str) -> str:
     """``old`` with ``new``'s model sections before its verdicts, ``new``'s verdicts after
     its verdicts, and ``new``'s evaluation command after its commands."""
 
-    def parts(text: str) -> tuple[str, str, str, str]:
+    def parts(text: str) -> tuple[str, str, str]:
         head, rest = text.split("\n## Verdict (per model)\n", 1)
         verdicts, rest = rest.split("\n## Commands\n", 1)
-        return head, verdicts.strip("\n"), rest, text
+        return head, verdicts.strip("\n"), rest
 
-    o_head, o_verdicts, o_rest, _ = parts(old)
-    n_head, n_verdicts, n_rest, _ = parts(new)
+    o_head, o_verdicts, o_rest = parts(old)
+    n_head, n_verdicts, n_rest = parts(new)
     sections = n_head.split("\n## ", 1)[1]  # the new models' sections, after the preamble
     command = n_rest.split("```", 2)[1].strip("\n")
     o_rest = o_rest.replace("```", "```\n" + command, 1) if "```" in o_rest else o_rest

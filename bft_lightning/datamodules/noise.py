@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .splits import SequenceData
+from .splits import SequenceData, leave_one_out
 
 __all__ = ["corrupt_training_items", "training_positions"]
 
@@ -30,14 +30,12 @@ __all__ = ["corrupt_training_items", "training_positions"]
 def training_positions(data: SequenceData) -> np.ndarray:
     """``(M,)`` int64 indices into ``data.items`` of every training-part item.
 
-    A user with ``n >= 3`` items keeps its last two out (the validation and
-    test targets); a user with fewer is all training (the split's rule).
+    The training parts of :func:`~.splits.leave_one_out`, concatenated in order.
     """
-    lengths = data.lengths
-    held_out = np.where(lengths >= 3, 2, 0)  # (U,)
-    keep = np.repeat(lengths - held_out, lengths)  # (N,) training length of the row's user
-    within = np.arange(len(data.items), dtype=np.int64) - np.repeat(data.offsets[:-1], lengths)
-    return np.flatnonzero(within < keep)
+    split = leave_one_out(data)
+    n = split.train_end - split.train_start  # (U,)
+    first = np.cumsum(n) - n  # (U,) where each user's part starts in the output
+    return np.arange(int(n.sum()), dtype=np.int64) + np.repeat(split.train_start - first, n)
 
 
 def corrupt_training_items(
