@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from bft_lightning.datamodules.synthetic_qa import (
+    FACT_ORDERS,
     SyntheticQADataModule,
     SyntheticQAPretrainDataModule,
     collate_synthetic,
@@ -74,6 +75,13 @@ MODELS = {  # Llama-style sizes (the vocabulary is the generator's, 284 ids)
         num_attention_heads=4,
         num_key_value_heads=4,
     ),
+    "d256l2": dict(
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    ),
     "d192": dict(
         hidden_size=192,
         intermediate_size=512,
@@ -96,6 +104,7 @@ DATA = dict(
     max_distractors=4,
     facts_per_passage=4,
     max_value_words=3,
+    fact_order="entity_first",
     data_seed=0,
 )
 
@@ -137,7 +146,15 @@ def model_config(name: str, vocab: int) -> LlamaConfig:
 
 
 def pretrain(
-    work: Path, model: str, steps: int, lr: float, init: Path | None = None, data_seed: int = 0
+    work: Path,
+    model: str,
+    steps: int,
+    lr: float,
+    init: Path | None = None,
+    data_seed: int = 0,
+    recall: int = 4,
+    seq_len: int = 64,
+    copy_passages: int = 0,
 ) -> dict[str, Any]:
     """Pretrain (or, from ``init``, continue pretraining) the shared base model."""
     base = work / f"base-{model}"
@@ -147,8 +164,9 @@ def pretrain(
     L.seed_everything(0)
     dm = SyntheticQAPretrainDataModule(
         num_documents=max(steps * 32 // 2, 2000),
-        recall_per_document=4,
-        seq_len=64,
+        recall_per_document=recall,
+        seq_len=seq_len,
+        copy_passages=copy_passages,
         batch_size=32,
         eval_batch_size=64,
         **(DATA | {"data_seed": data_seed}),  # type: ignore[arg-type]
@@ -182,10 +200,15 @@ def pretrain(
         "seconds": round(time.time() - t0),
         "init": str(init) if init else None,
         "data_seed": data_seed,
+        "recall_per_document": recall,
+        "copy_passages": copy_passages,
+        "seq_len": seq_len,
         "params": sum(p.numel() for p in task.model.parameters()),
         "val_loss": float(trainer.callback_metrics["val/loss"]),
         "train_loss_trace": trace.trace,
-        "tokens": steps * 32 * 64,
+        "packing": dm.packing,
+        # training tokens with a target (padding excluded), expected over the rows drawn
+        "tokens": round(steps * 32 * float(np.mean([len(c) - 1 for c in dm.chunks["train"]]))),
     }
     done.write_text(json.dumps(out, indent=1))
     return out
@@ -243,12 +266,12 @@ def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 10
     return out
 
 
-def run_name(method: str, noise: float, k: int, seed: int) -> str:
-    return f"{method}_np{noise:g}_k{k}_s{seed}"
+def run_name(method: str, noise: float, k: int, seed: int, in_inputs: bool = False) -> str:
+    return f"{method}_np{noise:g}{'i' if in_inputs and noise else ''}_k{k}_s{seed}"
 
 
 def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int, seed: int):
-    name = run_name(method, noise, k, seed)
+    name = run_name(method, noise, k, seed, a.noise_in_inputs)
     file = a.out / "synthetic_runs" / f"{name}.json"
     if file.is_file():
         return json.loads(file.read_text())
@@ -416,6 +439,9 @@ def _rows(runs: list[dict], task: str) -> list[dict]:
                         "token_diff",
                     )
                 }
+                for pos in ("target", "token"):  # SE of the seed mean of independent estimates
+                    se = np.sqrt(np.sum([np.square(g[f"{pos}_diff_se"]) for g in gains], axis=0))
+                    row["gain_K"][f"{pos}_diff_se"] = (se / len(gains)).round(4).tolist()
             rows.append(row)
     return rows
 
@@ -424,7 +450,12 @@ def report(out: Path) -> list[dict]:
     runs = _runs(out)
     if not runs:
         raise SystemExit(f"no runs in {out / 'synthetic_runs'}")
-    rows = _rows(runs, "synthetic_qa")
+    # label noise (the paper's setting) and noise in the answer text itself are separate studies
+    labels_only = [r for r in runs if not (r.get("noise_in_inputs") and r["noise_rate"])]
+    in_inputs = [r for r in runs if r.get("noise_in_inputs") or not r["noise_rate"]]
+    rows = _rows(labels_only, "synthetic_qa")
+    if any(r.get("noise_in_inputs") and r["noise_rate"] for r in runs):
+        rows += _rows(in_inputs, "synthetic_qa_noisy_inputs")
     squad = _squad_cpu_runs(out)
     all_rows = rows + (_rows(squad, "squad_v1.1_cpu_988k") if squad else [])
     (out / "summary.json").write_text(json.dumps(all_rows, indent=1))
@@ -436,9 +467,13 @@ def report(out: Path) -> list[dict]:
         "EM/F1 on the 500 clean test questions (mean over seeds, ± SE over seeds); paired "
         "differences against `off` over the same questions and seeds (± paired SE).",
         "",
-        "| noise | k | method | seeds | EM | F1 | ΔEM vs off | ΔF1 vs off | fit s/run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Noise in `labels`: only the training targets are corrupted (the paper's token-label "
+        "noise); in `text`: the answer tokens themselves (input and target).",
+        "",
+        "| noise in | noise | k | method | seeds | EM | F1 | ΔEM vs off | ΔF1 vs off | fit s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    where_ = {"synthetic_qa": "labels", "synthetic_qa_noisy_inputs": "text"}
     for r in rows:
         se = f" ± {r['em_se_seeds']:.3f}" if r["em_se_seeds"] is not None else ""
         fse = f" ± {r['f1_se_seeds']:.3f}" if r["f1_se_seeds"] is not None else ""
@@ -452,8 +487,11 @@ def report(out: Path) -> list[dict]:
             if r["method"] != "off" and r["paired_delta_f1"] is not None
             else ""
         )
+        if r["task"] == "synthetic_qa_noisy_inputs" and not r["noise"]:
+            continue  # the clean runs, listed once under labels
         lines.append(
-            f"| {r['noise']:g} | {r['distractors']} | {r['method']} | {len(r['seeds'])} | "
+            f"| {where_[r['task']]} | {r['noise']:g} | {r['distractors']} | {r['method']} | "
+            f"{len(r['seeds'])} | "
             f"{r['em']:.3f}{se} | {r['f1']:.3f}{fse} | {dl} | {df} | {r['fit_seconds_mean']:.0f} |"
         )
     gl = [
@@ -463,23 +501,26 @@ def report(out: Path) -> list[dict]:
         "Per layer, mean over seeds; `target`: the position that predicts the label; "
         "`token`: the position that reads the answer token.",
         "",
-        "| noise | k | where | K corrupted | K clean | corrupted - clean |",
-        "|---|---|---|---|---|---|",
+        "| noise in | noise | k | where | K corrupted | K clean | corrupted - clean (± SE) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         g = r.get("gain_K")
         if not g:
             continue
-        for where in ("target", "token"):
+        for pos in ("target", "token"):
             fmt = lambda v: " / ".join(f"{x:.4f}" for x in v)  # noqa: E731
             gl.append(
-                f"| {r['noise']:g} | {r['distractors']} | {where} | "
-                f"{fmt(g[where + '_corrupted'])} | {fmt(g[where + '_clean'])} | "
-                f"{fmt(g[where + '_diff'])} |"
+                f"| {where_[r['task']]} | {r['noise']:g} | {r['distractors']} | {pos} | "
+                f"{fmt(g[pos + '_corrupted'])} | {fmt(g[pos + '_clean'])} | "
+                + " / ".join(
+                    f"{d:+.4f} ± {e:.4f}" for d, e in zip(g[pos + "_diff"], g[pos + "_diff_se"])
+                )
+                + " |"
             )
     (out / "synthetic_tables.md").write_text("\n".join(lines + gl) + "\n")
     print("\n".join(lines + gl))
-    _figure(rows, out / "synthetic_em_vs_noise.png")
+    _figure([r for r in rows if r["task"] == "synthetic_qa"], out / "synthetic_em_vs_noise.png")
     return rows
 
 
@@ -537,6 +578,11 @@ def main() -> None:
         default=0,
         help="seed of the pretraining documents (another one when continuing)",
     )
+    p.add_argument("--pretrain-recall", type=int, default=4, help="recall lines per document")
+    p.add_argument("--pretrain-seq-len", type=int, default=64)
+    p.add_argument(
+        "--pretrain-copy-passages", type=int, default=0, help="passages restated word for word"
+    )
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -558,17 +604,31 @@ def main() -> None:
         help="training questions (>= sft steps x batch: each seen once)",
     )
     p.add_argument("--facts", type=int, default=DATA["facts_per_passage"], help="facts per passage")
+    p.add_argument("--fact-order", default=DATA["fact_order"], choices=FACT_ORDERS)
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th run from the i-th")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no run after this")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    DATA.update(max_value_words=a.value_words, facts_per_passage=a.facts, num_train=a.num_train)
+    DATA.update(
+        max_value_words=a.value_words,
+        facts_per_passage=a.facts,
+        num_train=a.num_train,
+        fact_order=a.fact_order,
+    )
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stage in ("all", "pretrain"):
         info = pretrain(
-            a.work, a.model, a.pretrain_steps, a.pretrain_lr, a.pretrain_init, a.pretrain_data_seed
+            a.work,
+            a.model,
+            a.pretrain_steps,
+            a.pretrain_lr,
+            a.pretrain_init,
+            a.pretrain_data_seed,
+            a.pretrain_recall,
+            a.pretrain_seq_len,
+            a.pretrain_copy_passages,
         )
         print("pretrain:", {k: v for k, v in info.items() if k != "train_loss_trace"}, flush=True)
     if a.stage in ("all", "sft"):

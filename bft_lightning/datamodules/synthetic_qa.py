@@ -54,11 +54,19 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from bft_lightning.datamodules.qa import EncodedExample, collate_qa, collate_text, text_chunks
+from bft_lightning.datamodules.qa import (
+    EncodedExample,
+    collate_qa,
+    collate_rows,
+    collate_text,
+    document_rows,
+    text_chunks,
+)
 from bft_lightning.models.checkpoint import TextTokenizer
 from bft_lightning.nn.checks import check_int, check_number, check_sizes
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+FACT_ORDERS = ("entity_first", "relation_first")
 SPECIALS = (PAD, BOS, EOS)
 STRUCTURE = ("the", "of", "is", ".", "what", "?", "Question", "Answer", ":", "|", "recall")
 RELATIONS: dict[str, tuple[str, ...]] = {
@@ -119,8 +127,10 @@ class Fact:
     relation: str
     value: tuple[str, ...]
 
-    def words(self) -> list[str]:
-        return [self.entity, self.relation, *self.value, "."]
+    def words(self, order: str = "entity_first") -> list[str]:
+        """``<entity> <relation> <value> .`` (``entity_first``) or ``<relation> <entity> ...``."""
+        head = [self.entity, self.relation]
+        return [*(head if order == "entity_first" else head[::-1]), *self.value, "."]
 
 
 @dataclass
@@ -208,6 +218,10 @@ class SyntheticQADataModule(L.LightningDataModule):
         num_entities: size of the entity vocabulary.
         noise_rate: fraction of training answer tokens whose label is corrupted.
         noise_in_inputs: corrupt the answer tokens in the input too (default: labels only).
+        fact_order: a fact's words, ``entity_first`` (``niri pet goat .``) or
+            ``relation_first`` (``pet niri goat .``): with one fact per passage the
+            latter puts the entity, the only thing that tells the gold passage from a
+            distractor, right before the value (a plain induction lookup).
         data_seed: seed of the generated questions (keep fixed across training seeds).
         seed: seed of the label noise.
         batch_size, eval_batch_size, num_workers: loaders.
@@ -225,6 +239,7 @@ class SyntheticQADataModule(L.LightningDataModule):
         num_entities: int = 150,
         noise_rate: float = 0.0,
         noise_in_inputs: bool = False,
+        fact_order: str = "entity_first",
         data_seed: int = 0,
         seed: int = 0,
         batch_size: int = 32,
@@ -264,6 +279,9 @@ class SyntheticQADataModule(L.LightningDataModule):
                 f"num_entities={num_entities} is fewer than 1 + max_distractors={max_distractors}"
             )
         check_number("noise_rate", noise_rate, 0.0, 1.0)
+        if fact_order not in FACT_ORDERS:
+            raise ValueError(f"fact_order must be one of {FACT_ORDERS}, got {fact_order!r}")
+        self.fact_order = fact_order
         self.save_hyperparameters()
         self.num = {"train": num_train, "val": num_val, "test": num_test}
         self.num_distractors, self.max_distractors = num_distractors, max_distractors
@@ -321,7 +339,7 @@ class SyntheticQADataModule(L.LightningDataModule):
                 if n == pos and f.relation == world.relation:
                     a = len(words) + 2  # "e r" precedes the value
                     answer_span = (a + 1, a + 1 + len(f.value))  # +1: BOS
-                words += f.words()
+                words += f.words(self.fact_order)
             if n == pos:
                 gold_span = (start + 1, len(words) + 1)
         words += world.question_words() + ["Answer", ":"]
@@ -425,8 +443,18 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
     (self-supervised from the passages; it teaches reading a fact back from the
     context, in a template other than the question's). Worlds are drawn apart
     from the SFT splits (their own salt), ``num_documents`` of them for
-    training and ``num_documents // 20`` for validation; concatenated and cut
-    into chunks of ``seq_len`` tokens, the loss on every token.
+    training and ``num_documents // 20`` for validation, the loss on every token.
+
+    ``copy_passages``: after the recall lines, that many of the document's
+    passages restated word for word (``recall | <passage>``): every value in them
+    is predictable only from the entity and relation before it, the lookup a
+    question needs, with a target at every fact.
+
+    ``packing``: ``"documents"`` (default) packs whole documents into rows of
+    ``seq_len`` tokens (right-padded, the padding out of the loss), so a recall
+    line always has its passages in context; ``"stream"`` concatenates the
+    documents and cuts every ``seq_len`` tokens, across document boundaries.
+    A document longer than ``seq_len`` is cut either way (nothing is dropped).
     """
 
     def __init__(
@@ -434,13 +462,19 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
         num_documents: int = 20000,
         recall_per_document: int = 2,
         seq_len: int = 128,
+        packing: str = "documents",
+        copy_passages: int = 0,
         **kwargs: Any,
     ) -> None:
+        if packing not in ("documents", "stream"):
+            raise ValueError(f"packing must be 'documents' or 'stream', got {packing!r}")
         check_int("num_documents", num_documents)
+        check_int("copy_passages", copy_passages, low=0)
         check_int("recall_per_document", recall_per_document, low=0)
         check_int("seq_len", seq_len, low=2)
         super().__init__(**kwargs)
         self.num_documents, self.recall, self.seq_len = num_documents, recall_per_document, seq_len
+        self.packing, self.copy_passages = packing, copy_passages
         self.chunks: dict[str, list[list[int]]] = {}
 
     def document(self, rng: random.Random, qid: str) -> list[int]:
@@ -455,10 +489,12 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
         passages = [w.gold, *w.distractors][: rng.randint(1, 1 + self.max_distractors)]
         words: list[str] = []
         for n, p in enumerate(rng.sample(passages, len(passages))):
-            words += (["|"] if n else []) + [x for f in p for x in f.words()]
+            words += (["|"] if n else []) + [x for f in p for x in f.words(self.fact_order)]
         facts = [f for p in passages for f in p]
         for f in rng.sample(facts, min(self.recall, len(facts))):
-            words += ["recall", *f.words()]
+            words += ["recall", *f.words(self.fact_order)]
+        for p in rng.sample(passages, min(self.copy_passages, len(passages))):
+            words += ["recall", "|", *(x for f in p for x in f.words(self.fact_order))]
         return [self.tokenizer.eos_id] + [self.ids[x] for x in words]
 
     def setup(self, stage: str | None = None) -> None:
@@ -468,10 +504,13 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
             ("train", self.num_documents, 3),
             ("val", self.num_documents // 20, 4),
         ):
-            ids: list[int] = []
-            for i in range(max(n, 1)):
-                ids += self.document(_rng(self.data_seed, salt, i), f"doc-{i}")
-            self.chunks[split] = text_chunks(ids, self.seq_len)
+            docs = [
+                self.document(_rng(self.data_seed, salt, i), f"doc-{i}") for i in range(max(n, 1))
+            ]
+            if self.packing == "documents":
+                self.chunks[split] = document_rows(docs, self.seq_len)
+            else:
+                self.chunks[split] = text_chunks([t for d in docs for t in d], self.seq_len)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         return DataLoader(
@@ -479,8 +518,11 @@ class SyntheticQAPretrainDataModule(SyntheticQADataModule):
             batch_size=self.batch_size if shuffle else self.eval_batch_size,
             shuffle=shuffle,
             num_workers=self.num_workers,
-            collate_fn=collate_text,
+            collate_fn=self._collate_rows if self.packing == "documents" else collate_text,
         )
+
+    def _collate_rows(self, rows: Sequence[Sequence[int]]) -> dict[str, Any]:
+        return collate_rows(rows, self.ids[PAD])
 
     def test_dataloader(self) -> DataLoader:
         raise NotImplementedError("the pretraining stage has no test split")
@@ -494,6 +536,7 @@ def describe(dm: SyntheticQADataModule) -> str:
         "max_value_words",
         "noise_rate",
         "noise_in_inputs",
+        "fact_order",
         "data_seed",
         "seed",
     )

@@ -84,6 +84,29 @@ def test_answer_is_a_span_of_its_gold_passage():
         assert set(words(dm, ex.answer[:-1])) <= set(RELATIONS[rel])
 
 
+def test_relation_first_order_moves_only_the_word_order():
+    a = make(num_distractors=4)
+    b = make(num_distractors=4, fact_order="relation_first")
+    for x, y in zip(a.encoded["train"], b.encoded["train"]):
+        assert x.answer == y.answer and len(x.prompt) == len(y.prompt)
+        qx, qy = words(a, x.prompt), words(b, y.prompt)
+        assert qx[-10:] == qy[-10:]  # the question is the same
+        rel, ent = qy[-6], qy[-4]
+        a0, a1 = y.answer_span
+        assert y.prompt[a0:a1] == y.answer[:-1]
+        assert qy[a0 - 2 : a0] == [rel, ent]  # "<rel> <ent> <value> ."
+        assert sorted(qx) == sorted(qy)
+    pre = SyntheticQAPretrainDataModule(
+        num_documents=50, seq_len=64, fact_order="relation_first", **SMALL
+    )
+    pre.setup()
+    w = [pre.words[i] for i in pre.chunks["train"][0]]
+    j = w.index("recall")
+    assert w[j + 1] in RELATIONS and w[j + 2] in pre.entities
+    with pytest.raises(ValueError, match="fact_order must be one of"):
+        SyntheticQADataModule(fact_order="value_first")
+
+
 def test_distractors_never_hold_the_answer_entitys_fact():
     dm = make(num_distractors=4)
     for ex in dm.encoded["train"]:
@@ -169,7 +192,7 @@ def test_tokenizer_roundtrip_and_generation_speed():
 
 
 def test_pretraining_text_has_no_question_template():
-    dm = SyntheticQAPretrainDataModule(num_documents=200, seq_len=64, **SMALL)
+    dm = SyntheticQAPretrainDataModule(num_documents=200, seq_len=64, packing="stream", **SMALL)
     dm.setup()
     ids = [i for c in dm.chunks["train"] for i in c]
     assert all(len(c) == 65 for c in dm.chunks["train"])
@@ -181,6 +204,59 @@ def test_pretraining_text_has_no_question_template():
     doc = w[max(0, j - 300) : j]
     fact = w[j + 1 : w.index(".", j) + 1]
     assert " ".join(fact) in " ".join(doc) or len(doc) < 300
+
+
+def _documents(dm: SyntheticQAPretrainDataModule, n: int) -> list[list[int]]:
+    from bft_lightning.datamodules.synthetic_qa import _rng
+
+    return [dm.document(_rng(dm.data_seed, 3, i), f"doc-{i}") for i in range(n)]
+
+
+def test_document_packing_keeps_every_recall_line_with_its_passages():
+    dm = SyntheticQAPretrainDataModule(
+        num_documents=300, seq_len=64, facts_per_passage=2, max_value_words=1, **SMALL
+    )
+    dm.setup()
+    rows = dm.chunks["train"]
+    eos = dm.tokenizer.eos_id
+    # nothing lost or reordered: the rows are the documents, concatenated
+    docs = _documents(dm, 300)
+    assert max(len(d) for d in docs) <= 65  # each fits a row, so none is cut
+    assert [t for r in rows for t in r] == [t for d in docs for t in d]
+    assert all(2 <= len(r) <= 65 for r in rows)
+    for r in rows:  # every row starts a document, and every recall fact is in its row
+        assert r[0] == eos
+        w = [dm.words[i] for i in r]
+        for j, x in enumerate(w):
+            if x == "recall":
+                fact = " ".join(w[j + 1 : w.index(".", j) + 1])
+                start = max(k for k in range(j + 1) if r[k] == eos)
+                passages = " ".join(w[start:j]).split(" recall ")[0]
+                assert fact in passages
+    batch = next(iter(dm.train_dataloader()))
+    pad = batch["attention_mask"] == 0
+    assert pad.any()  # ragged rows are padded ...
+    assert (batch["labels"][pad] == -100).all()  # ... and the padding is out of the loss
+    real = ~pad
+    assert (batch["labels"][real] != -100).all()
+
+
+def test_document_rows_packs_whole_documents_and_cuts_only_long_ones():
+    from bft_lightning.datamodules.qa import collate_rows, document_rows
+
+    docs = [[9, 1, 2], [9, 3], [9, 4, 5, 6], [9] + list(range(10, 22)), [9, 7]]
+    rows = document_rows(docs, 4)  # rows of at most 5 tokens
+    assert rows[0] == [9, 1, 2, 9, 3] and rows[1] == [9, 4, 5, 6]
+    # the 13-token document takes rows of its own, overlapping by one token (inputs + targets)
+    long_rows = rows[2:-1]
+    assert all(len(r) <= 5 for r in long_rows)
+    assert [t for r in long_rows for t in r[1:]] == docs[3][1:]
+    assert rows[-1] == [9, 7]
+    b = collate_rows(rows, pad_id=0)
+    assert b["input_ids"].shape == (len(rows), 4)
+    assert b["labels"][1].tolist() == [4, 5, 6, -100]
+    assert b["attention_mask"][1].tolist() == [1, 1, 1, 0]
+    assert b["labels"][0].tolist() == [1, 2, 9, 3]
 
 
 def test_label_smoothing_matches_torch():

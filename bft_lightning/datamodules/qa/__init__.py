@@ -47,7 +47,14 @@ prompt), ``noise.py`` (label corruption, distractors), ``batching.py``
 
 from __future__ import annotations
 
-from .batching import IGNORE_INDEX, collate_qa, collate_text, text_chunks
+from .batching import (
+    IGNORE_INDEX,
+    collate_qa,
+    collate_rows,
+    collate_text,
+    document_rows,
+    text_chunks,
+)
 from .datamodule import QADataModule
 from .encoding import (
     PASSAGE_SEP,
@@ -86,7 +93,9 @@ __all__ = [
     "arrange_passages",
     "cloze_examples",
     "collate_qa",
+    "collate_rows",
     "collate_text",
+    "document_rows",
     "corrupt_labels",
     "crop_around",
     "data_root",

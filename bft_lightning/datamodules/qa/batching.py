@@ -66,6 +66,51 @@ def text_chunks(ids: Sequence[int], length: int) -> list[list[int]]:
     return [list(ids[i * length : i * length + length + 1]) for i in range(n)]
 
 
+def document_rows(documents: Sequence[Sequence[int]], length: int) -> list[list[int]]:
+    """Whole documents packed greedily into rows of at most ``length + 1`` tokens.
+
+    A document starts a new row when it does not fit in what is left of the
+    current one, so no document is cut at a row boundary unless it is longer
+    than a row by itself (then it takes rows of its own, cut every ``length``
+    tokens with one token of overlap, as :func:`text_chunks`). Every target is
+    kept (a row of one token, which has none, is not emitted); rows are ragged
+    (:func:`collate_rows` pads them).
+    """
+    rows: list[list[int]] = []
+    cur: list[int] = []
+
+    def flush() -> None:
+        if len(cur) > 1:
+            rows.append(list(cur))
+        cur.clear()
+
+    for doc in documents:
+        doc = list(doc)
+        if len(doc) > length + 1:
+            flush()
+            rows.extend(doc[i : i + length + 1] for i in range(0, len(doc) - 1, length))
+        else:
+            if len(cur) + len(doc) > length + 1:
+                flush()
+            cur += doc
+    flush()
+    return rows
+
+
+def collate_rows(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded next-token tensors for ragged rows; padding is masked out of the loss."""
+    t = max(len(r) for r in rows) - 1
+    input_ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), t, dtype=torch.long)
+    labels = torch.full((len(rows), t), IGNORE_INDEX, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r) - 1
+        input_ids[i, :n] = torch.tensor(r[:-1])
+        mask[i, :n] = 1
+        labels[i, :n] = torch.tensor(r[1:])
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
 def collate_text(chunks: Sequence[Sequence[int]]) -> dict[str, Tensor]:
     x = torch.tensor([list(c) for c in chunks], dtype=torch.long)
     return {
