@@ -455,7 +455,8 @@ def report(out: Path) -> list[dict]:
     in_inputs = [r for r in runs if r.get("noise_in_inputs") or not r["noise_rate"]]
     rows = _rows(labels_only, "synthetic_qa")
     if any(r.get("noise_in_inputs") and r["noise_rate"] for r in runs):
-        rows += _rows(in_inputs, "synthetic_qa_noisy_inputs")
+        # the clean runs are its references only: their rows stand once, under synthetic_qa
+        rows += [r for r in _rows(in_inputs, "synthetic_qa_noisy_inputs") if r["noise"]]
     squad = _squad_cpu_runs(out)
     all_rows = rows + (_rows(squad, "squad_v1.1_cpu_988k") if squad else [])
     (out / "summary.json").write_text(json.dumps(all_rows, indent=1))
@@ -487,8 +488,6 @@ def report(out: Path) -> list[dict]:
             if r["method"] != "off" and r["paired_delta_f1"] is not None
             else ""
         )
-        if r["task"] == "synthetic_qa_noisy_inputs" and not r["noise"]:
-            continue  # the clean runs, listed once under labels
         lines.append(
             f"| {where_[r['task']]} | {r['noise']:g} | {r['distractors']} | {r['method']} | "
             f"{len(r['seeds'])} | "

@@ -96,6 +96,10 @@ def test_report_pairs_by_question_and_seed_and_keeps_the_noise_studies_apart(
         for task, key in (("synthetic_qa", 0.3), ("synthetic_qa_noisy_inputs", "text")):
             em = np.mean([runs[method, key, s]["test_em"] for s in (0, 1)])
             assert by[task, method, 0.3]["em"] == pytest.approx(em)
+    # one row per method x noise x distractors: the clean references are not repeated
+    keys = [(r["task"] != "synthetic_qa_noisy_inputs", r["method"], r["noise"]) for r in summary]
+    assert len(keys) == len(set(keys))
+    assert all(r["noise"] for r in summary if r["task"] == "synthetic_qa_noisy_inputs")
     table = (tmp_path / "synthetic_tables.md").read_text()
     assert "| text | 0.3 | 0 | bft |" in table and "| labels | 0.3 | 0 | bft |" in table
     assert (tmp_path / "synthetic_em_vs_noise.png").stat().st_size > 0
