@@ -42,6 +42,13 @@ from bft_lightning.metrics.strata import (
 from bft_lightning.utils import EpochTimer
 
 ROOT = Path(__file__).resolve().parents[1]
+# per-user test ranks of a run, by evaluation convention: the user's seen items kept in
+# the ranking, or excluded from it as the field's published tables do
+RANK_FILES = {"unmasked": "ranks.npy", "seen_masked": "ranks_seen_masked.npy"}
+PROTOCOL_TITLES = {
+    "seen_masked": "seen items excluded from the ranking (the published tables' convention)",
+    "unmasked": "seen items kept in the ranking",
+}
 COMMAND_ENV = "BFT_REPRODUCE_COMMAND"  # the parent's command, for the children of --jobs
 # the variants below were run with the prior table at the weights' learning rate; SASRec's
 # config now defaults to 10x (on_tau_lr10), so every other variant pins 1x to rerun as run
@@ -137,7 +144,9 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     best = str(ckpts / "best.ckpt")
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
     metric = cli.model.test_metric
-    np.save(out / "ranks.npy", metric.rank.cpu().numpy())
+    by_protocol = metric.ranks_by_protocol  # both conventions, from one pass
+    for protocol, ranks in by_protocol.items():
+        np.save(out / RANK_FILES[protocol], ranks.cpu().numpy())
     np.save(out / "targets.npy", metric.target.cpu().numpy())
     np.save(out / "history_len.npy", metric.history_len.cpu().numpy())
     summary = {
@@ -146,7 +155,7 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
         "sec_per_epoch": float(np.median(timer.times)) if timer.times else None,
         "best_epoch": _best_epoch(cli.trainer), "tau": _tau_stats(cli.model.model),
         "command": args.command, "hardware": _hardware(cli.trainer), "jobs": args.jobs,
-        "settings": settings,
+        "settings": settings, "protocols": sorted(by_protocol),
     }  # fmt: skip
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     write_text_atomic(done, json.dumps(summary, indent=1))  # last: marks the run finished
@@ -349,7 +358,24 @@ def _strata_sentence(rows: list[dict]) -> list[str]:
     return [f"Strata: {groups}{cold}.", ""]
 
 
+def protocol_note(rows: list[dict]) -> str:
+    return f" ({rows[0]['protocol'].replace('_', ' ')})" if rows else ""
+
+
 def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> None:
+    """The table of each evaluation convention the runs kept, seen-masked first."""
+    protocols = list(dict.fromkeys(r.get("protocol", "unmasked") for r in rows))
+    parts = []
+    for i, protocol in enumerate(protocols):
+        mine = [r for r in rows if r.get("protocol", "unmasked") == protocol]
+        lines = _markdown_lines(args, mine, protocol)
+        parts.append(
+            "\n".join(lines if i == 0 else [f"## {PROTOCOL_TITLES[protocol]}", *lines[1:]])
+        )
+    write_text_atomic(path, "\n\n".join(parts) + "\n")
+
+
+def _markdown_lines(args: argparse.Namespace, rows: list[dict], protocol: str) -> list[str]:
     commands = sorted({c for r in rows for c in r.get("commands", [])}) or [args.command]
     hardware = sorted({h for r in rows for h in r.get("hardware", [])})
     shared = any(r.get("jobs", 1) > 1 for r in rows)
@@ -364,7 +390,8 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
              *(["s/epoch of runs trained with `--jobs N` were measured with up to N runs "
                 "sharing the device (and other commands' runs beside them), so they compare "
                 "variants within a table, not machines.", ""] if shared else []),
-             "Full ranking over all items, leave-one-out, no history masking; best-validation "
+             f"Full ranking over all items, leave-one-out, {PROTOCOL_TITLES[protocol]}; "
+             "best-validation "
              "(NDCG@10) checkpoint; per-user metrics averaged over the seeds listed, then the "
              "paired difference to the off twin over the same test users (± paired SE: "
              "the spread over users, not over trainings; the same-seed table at the end "
@@ -465,7 +492,7 @@ def write_markdown(args: argparse.Namespace, rows: list[dict], path: Path) -> No
                 f"| {r['variant']} | {r['seeds']} | {per} | {deltas.mean():+.4f} | {sd} | "
                 f"{se} | {rare} | {rare_se} |"
             )
-    write_text_atomic(path, "\n".join(lines) + "\n")
+    return lines
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -628,8 +655,16 @@ def load_runs(base: Path, variants: list[str]) -> dict:
         variant, seed = out.name.rsplit("_s", 1)
         if variant not in variants:
             continue
+        summary = json.loads(done.read_text())
+        by_protocol = {
+            protocol: np.load(out / name)
+            for protocol, name in RANK_FILES.items()
+            if (out / name).exists() and protocol in run_protocols(summary)
+        }
+        if "protocols" not in summary:  # written before both were kept: one convention
+            by_protocol = {run_protocols(summary)[0]: np.load(out / "ranks.npy")}
         runs[(variant, int(seed))] = {
-            "summary": json.loads(done.read_text()), "ranks": np.load(out / "ranks.npy"),
+            "summary": summary, "ranks_by_protocol": by_protocol,
             "targets": np.load(out / "targets.npy"),
             "item_frequency": np.load(out / "item_frequency.npy"),
             "history_len": np.load(out / "history_len.npy")
@@ -637,6 +672,27 @@ def load_runs(base: Path, variants: list[str]) -> dict:
             "layer_gain": layer_gains(out),
         }  # fmt: skip
     return runs
+
+
+def run_protocols(summary: dict) -> list[str]:
+    """The conventions a finished run kept ranks for. Runs from before both were kept
+    hold one ``ranks.npy``: the seen-masked one if the run's overrides set
+    ``mask_history=true``, else the unmasked one."""
+    if "protocols" in summary:
+        return list(summary["protocols"])
+    override = " ".join((summary.get("settings") or {}).get("override", []))
+    return ["seen_masked" if "mask_history=true" in override.lower() else "unmasked"]
+
+
+def by_protocol(runs: dict) -> dict[str, dict]:
+    """``{protocol: runs}`` with each run's ``ranks`` under that convention, for every
+    convention that all the runs kept (seen-masked first: the published tables')."""
+    common = set.intersection(*(set(r["ranks_by_protocol"]) for r in runs.values()))
+    return {
+        protocol: {key: {**r, "ranks": r["ranks_by_protocol"][protocol]} for key, r in runs.items()}
+        for protocol in ("seen_masked", "unmasked")
+        if protocol in common
+    }
 
 
 def layer_gains(out: Path) -> dict[str, list[float]]:
@@ -674,13 +730,17 @@ def layer_gains(out: Path) -> dict[str, list[float]]:
 
 def report(args: argparse.Namespace, runs: dict) -> None:
     seeds = sorted({s for _, s in runs})
-    rows = summarise(args, runs, seeds, Path(args.results_dir))
+    rows = []
+    for protocol, protocol_runs in by_protocol(runs).items():
+        for row in summarise(args, protocol_runs, seeds, Path(args.results_dir)):
+            rows.append({**row, "protocol": protocol})
     res = Path(args.results_dir)
     res.mkdir(parents=True, exist_ok=True)
     stem = res / _stem(args)
     write_markdown(args, rows, stem.with_suffix(".md"))
     write_text_atomic(stem.with_suffix(".json"), json.dumps(rows, indent=1))
-    plot(rows, stem.with_suffix(".png"), stem.name.replace("_", " "))
+    first = [r for r in rows if r["protocol"] == rows[0]["protocol"]] if rows else []
+    plot(first, stem.with_suffix(".png"), stem.name.replace("_", " ") + protocol_note(first))
     write_summary(res)
 
 
@@ -708,11 +768,21 @@ def write_summary(res: Path) -> None:
             continue
         for row in json.loads(table.read_text()):
             out = {k: row.get(k) for k in SUMMARY_KEYS}
-            out.update(tuned=False, noise=float(row.get("noise", 0.0)), chosen_by=None)
+            out.update(tuned=False, noise=float(row.get("noise", 0.0)), chosen_by=None,
+                       protocol=row_protocol(row), trials=None)  # fmt: skip
             rows.append(out)
     for sel in sorted((res / "selected").glob("*.json")):
         rows.extend(selected_rows(sel))
     write_text_atomic(res / "summary.json", json.dumps(rows, indent=1))
+
+
+def row_protocol(row: dict) -> str:
+    """A table row's evaluation convention: its own ``protocol``, else (tables written
+    before it was recorded) seen-masked only if its runs' overrides set mask_history."""
+    if row.get("protocol"):
+        return str(row["protocol"])
+    commands = " ".join(row.get("commands", [])).lower()
+    return "seen_masked" if "mask_history=true" in commands else "unmasked"
 
 
 def selected_rows(path: Path) -> list[dict]:
@@ -730,6 +800,8 @@ def selected_rows(path: Path) -> list[dict]:
             "ndcg10": setting["ndcg10"], "setting": comp[twin],
             "grid": sorted(f"{r['table']}:{r['variant']}" for r in grid if r["twin"] == twin),
             "tuned": True, "noise": float(doc.get("noise", 0.0)),
+            "protocol": doc.get("protocol", "unmasked"),
+            "trials": sum(1 for r in grid if r["twin"] == twin),
             "chosen_by": "val/ndcg@10 (mean of the best over the seeds)",
         }  # fmt: skip
         for key, name in (

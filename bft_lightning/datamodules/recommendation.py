@@ -57,6 +57,7 @@ from .splits import (
     eval_arrays,
     leave_one_out,
     predict_arrays,
+    repeat_rate,
     train_arrays,
 )
 from .splits import (
@@ -323,6 +324,13 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
     def item_frequency(self) -> torch.Tensor:
         """``(num_items+1,)`` long: item counts over the training parts; ``[0] == 0``."""
         return torch.from_numpy(self.split.item_frequency.copy())
+
+    @property
+    def repeat_rate(self) -> float:
+        """Share of training targets already in their own history (:func:`.splits.repeat_rate`):
+        recorded in checkpoints, where it picks whether recommendations exclude seen items
+        by default."""
+        return repeat_rate(*self._ensure())
 
     @property
     def has_time(self) -> bool:

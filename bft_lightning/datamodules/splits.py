@@ -36,6 +36,7 @@ __all__ = [
     "leave_one_out",
     "left_pad",
     "predict_arrays",
+    "repeat_rate",
     "train_arrays",
 ]
 
@@ -143,6 +144,28 @@ def leave_one_out(data: SequenceData) -> LeaveOneOut:
         num_short_users=int(short.sum()),
         num_untrainable_users=int(((end - start) < 2).sum()),
     )
+
+
+def repeat_rate(data: SequenceData, split: LeaveOneOut) -> float:
+    """Share of the training targets already in their own history: the items of a
+    user's training part after its first that the user had before in that part.
+
+    A user's repeats are the occurrences of a (user, item) pair beyond its first,
+    so this is ``(training items - distinct training pairs) / training targets``,
+    vectorised over all users. Near 0 (Amazon reviews: a product is reviewed once)
+    says a recommendation of a seen item is wasted; a high rate (re-orders, music)
+    says seen items must stay eligible. 0.0 when there is no training target.
+    """
+    lengths = split.train_end - split.train_start
+    has = lengths > 0
+    targets = int(lengths[has].sum() - has.sum())
+    if targets <= 0:
+        return 0.0
+    users = np.repeat(np.arange(len(lengths), dtype=np.int64), np.maximum(lengths, 0))
+    idx = np.repeat(split.train_start - np.cumsum(lengths) + lengths, np.maximum(lengths, 0))
+    idx = idx + np.arange(len(users), dtype=np.int64)
+    pairs = users * (int(data.num_items) + 1) + data.items[idx]
+    return float(len(pairs) - len(np.unique(pairs))) / targets
 
 
 def left_pad(values: np.ndarray, start: np.ndarray, end: np.ndarray, width: int) -> np.ndarray:

@@ -26,6 +26,9 @@ Key scheme of ``RankingMetric.compute()`` (a flat ``dict[str, float]``)
     "item_q{j}/<name>"    the same names over users whose TARGET item is in
                           popularity quartile j (0 = rarest .. 3), see strata.py
     "user_b{j}/<name>"    over users in history-length bucket j (0 = cold)
+    "<name>_seen_masked"  (or ``_unmasked``) the same metrics under the other
+                          evaluation convention, when ``update`` was given its
+                          ranks too (``ranks_other``); see "Two conventions"
 
 Every stratum is always reported; an empty one has ``n = 0`` and NaN means.
 Means are over users: ``hr@10 = sum_u HR@10(u) / n``.
@@ -40,6 +43,17 @@ writes the same values twice, so it is counted once and 1 process equals N
 processes exactly for the same scores (a model may score a user differently in
 the last bits when its batch differs, which can flip a rank at a near-tie).
 Memory: 4 x 8 bytes per evaluation user.
+
+Two conventions
+---------------
+The field's published tables (RecBole's full sort, BSARec, the SASRec
+benchmarks) exclude each user's already-seen items from the ranking; a repeat
+of an item is a legitimate target in other data. Evaluation therefore counts
+both ranks from the same scores (:func:`bft_lightning.retrieval.ranks_both_ways`):
+``protocol`` names the convention of the unsuffixed keys (``"unmasked"``, the
+default, or ``"seen_masked"``), and the other one's metrics carry its suffix
+(``hr@10_seen_masked`` or ``hr@10_unmasked``), strata included. ``n`` and
+``gain`` are the same users' and are not repeated.
 
 Where ranks come from
 ---------------------
@@ -68,6 +82,7 @@ from bft_lightning.metrics.strata import (
 )
 
 DEFAULT_KS: tuple[int, ...] = (1, 5, 10, 20)
+PROTOCOLS = ("unmasked", "seen_masked")  # seen items kept in / excluded from the ranking
 RANK_BLOCK = 4096  # columns compared at a time by ``target_ranks``
 
 
@@ -189,6 +204,9 @@ class RankingMetric(Metric):
             evaluation set, identical on every rank). Enables ``user_b{j}/`` keys
             whenever ``history_len`` is passed to ``update``.
         ks: cut-offs for HR@k and NDCG@k.
+        protocol: the evaluation convention of the ranks ``update`` is given
+            (``"unmasked"`` or ``"seen_masked"``); ranks of the other one
+            (``ranks_other``) are reported under its suffix.
 
     Each evaluation user is one sample (its last item as target). A user id seen
     twice must carry the same data (sampler padding does); otherwise each state
@@ -200,6 +218,7 @@ class RankingMetric(Metric):
     full_state_update = False
 
     rank: Tensor  # (num_users,) states, see the module docstring
+    rank_other: Tensor  # the other convention's ranks (-1 where not given)
     target: Tensor
     history_len: Tensor
     gain: Tensor
@@ -214,11 +233,17 @@ class RankingMetric(Metric):
         item_boundaries: Tensor | None = None,
         user_boundaries: Tensor | None = None,
         ks: Sequence[int] = DEFAULT_KS,
+        protocol: str = "unmasked",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.num_users = int(num_users)
         self.ks = tuple(int(k) for k in ks)
+        self.protocol = protocol
+        other = PROTOCOLS[1 - PROTOCOLS.index(protocol)]
+        self.other_suffix = f"_{other}"
         if item_frequency is not None and item_boundaries is None:
             item_boundaries = popularity_quartiles(item_frequency)
         self.register_buffer("item_frequency", item_frequency, persistent=False)
@@ -226,6 +251,7 @@ class RankingMetric(Metric):
         self.register_buffer("user_boundaries", user_boundaries, persistent=False)
         for name, fill, dtype in (
             ("rank", -1, torch.long),
+            ("rank_other", -1, torch.long),
             ("target", -1, torch.long),
             ("history_len", -1, torch.long),
             ("gain", -math.inf, torch.float64),
@@ -246,12 +272,15 @@ class RankingMetric(Metric):
         gain: Tensor | None = None,
         exclude: Tensor | None = None,
         ranks: Tensor | None = None,
+        ranks_other: Tensor | None = None,
     ) -> None:
         """Add a batch: scores (B, N), target (B,), user (B,) ids, history_len (B,), gain (B,).
 
         ``exclude`` (B, N) bool optionally masks items out of the ranking (see
         :func:`target_ranks`). Or, with ``scores=None``, the targets' ``ranks`` (B,)
-        long as :func:`bft_lightning.retrieval.target_ranks` counts them.
+        long as :func:`bft_lightning.retrieval.target_ranks` counts them, and
+        optionally ``ranks_other`` (B,), the same targets' ranks under the other
+        convention (see "Two conventions").
         """
         user = user.long()
         if user.numel() and (user.min() < 0 or user.max() >= self.num_users):
@@ -266,6 +295,12 @@ class RankingMetric(Metric):
         elif ranks.shape != target.shape or (ranks.numel() and bool(ranks.min() < 0)):
             raise ValueError(f"ranks must be (B,) = {tuple(target.shape)} and >= 0")
         self._put("rank", user, ranks.long())
+        if ranks_other is not None:
+            if ranks_other.shape != target.shape or (
+                ranks_other.numel() and bool(ranks_other.min() < 0)
+            ):
+                raise ValueError(f"ranks_other must be (B,) = {tuple(target.shape)} and >= 0")
+            self._put("rank_other", user, ranks_other.long())
         self._put("target", user, target.long())
         if history_len is not None:
             self._put("history_len", user, history_len.long())
@@ -277,16 +312,32 @@ class RankingMetric(Metric):
     def compute(self) -> dict[str, float]:  # type: ignore[override]
         """Flat ``dict[str, float]``; see the module docstring for the keys."""
         seen = self.rank >= 0  # (num_users,)
-        ranks, target, hist, gain = (
-            t[seen] for t in (self.rank, self.target, self.history_len, self.gain)
+        ranks, other, target, hist, gain = (
+            t[seen] for t in (self.rank, self.rank_other, self.target, self.history_len, self.gain)
         )
-        return summarise_ranks(
+        item_stratum, user_bucket = self._item_stratum(target), self._user_bucket(hist)
+        out = summarise_ranks(
             ranks,
             self.ks,
-            item_stratum=self._item_stratum(target),
-            user_bucket=self._user_bucket(hist),
+            item_stratum=item_stratum,
+            user_bucket=user_bucket,
             gain=gain if bool((gain > -math.inf).any()) else None,
         )
+        if other.numel() and bool((other >= 0).all()):  # every user has both ranks
+            alt = summarise_ranks(other, self.ks, item_stratum, user_bucket)
+            out.update(
+                {f"{k}{self.other_suffix}": v for k, v in alt.items() if k.split("/")[-1] != "n"}
+            )
+        return out
+
+    @property
+    def ranks_by_protocol(self) -> dict[str, Tensor]:
+        """Per-user ranks (num_users,) keyed by convention, -1 where a user was not seen;
+        only the conventions that ``update`` was given."""
+        out = {self.protocol: self.rank}
+        if bool((self.rank_other[self.rank >= 0] >= 0).all()) and bool((self.rank >= 0).any()):
+            out[self.other_suffix[1:]] = self.rank_other
+        return out
 
     def _item_stratum(self, target: Tensor) -> Tensor | None:
         if self.item_frequency is None or self.item_boundaries is None:

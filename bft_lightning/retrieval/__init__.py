@@ -4,6 +4,6 @@ Evaluation (the targets' ranks), predict and recommend (the top k) all rank
 through :func:`topk` and :func:`target_ranks`. See ``docs/retrieval.md``.
 """
 
-from bft_lightning.retrieval.api import TopK, target_ranks, topk
+from bft_lightning.retrieval.api import TopK, ranks_both_ways, target_ranks, topk
 
-__all__ = ["TopK", "target_ranks", "topk"]
+__all__ = ["TopK", "ranks_both_ways", "target_ranks", "topk"]

@@ -10,7 +10,7 @@ from torch import Tensor
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.retrieval.dense import dense_target_ranks, dense_topk
 from bft_lightning.retrieval.scores import Scorer, check_exclude
-from bft_lightning.retrieval.tiled import tiled_target_ranks, tiled_topk
+from bft_lightning.retrieval.tiled import tiled_ranks, tiled_topk
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,34 @@ def target_ranks(
     with the excluded items as a mask. A target in its own exclusion list is
     still ranked by its score. NaN scores raise ``ValueError``.
     """
+    return _ranks(model, hidden, log_prec, target, exclude, None)[0]
+
+
+@torch.no_grad()
+def ranks_both_ways(
+    model: SequentialRecommender,
+    hidden: Tensor,
+    log_prec: Tensor | None,
+    target: Tensor,
+    seen: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The targets' ranks under both evaluation conventions, from one pass over the scores:
+    ``(ranks, ranks_seen_masked)``, the second with the ``seen`` (N, L) item ids (the
+    user's history; 0 = padding) excluded. Each equals :func:`target_ranks` with
+    ``exclude=None`` and ``exclude=seen`` respectively."""
+    ranks, masked = _ranks(model, hidden, log_prec, target, None, seen)
+    assert masked is not None
+    return ranks, masked
+
+
+def _ranks(
+    model: SequentialRecommender,
+    hidden: Tensor,
+    log_prec: Tensor | None,
+    target: Tensor,
+    exclude: Tensor | None,
+    seen: Tensor | None,
+) -> tuple[Tensor, Tensor | None]:
     _check_rows(hidden, log_prec)
     scorer = Scorer.of(model, hidden, log_prec)
     n = scorer.num_items
@@ -104,6 +132,11 @@ def target_ranks(
     if target.numel() and (target.min() < 1 or target.max() > n):
         raise ValueError(f"target ids must be in 1..{n} (0 is padding)")
     check_exclude(exclude, hidden.shape[0], n)
+    check_exclude(seen, hidden.shape[0], n)
     if _tiled(scorer):
-        return tiled_target_ranks(scorer, target, exclude)
-    return dense_target_ranks(model, hidden, log_prec, target, exclude)
+        return tiled_ranks(scorer, target, exclude, seen=seen)
+    ranks = dense_target_ranks(model, hidden, log_prec, target, exclude)
+    if seen is None:
+        return ranks, None
+    both = seen if exclude is None else torch.cat([exclude, seen], 1)
+    return ranks, dense_target_ranks(model, hidden, log_prec, target, both)

@@ -123,19 +123,38 @@ class Exclusion:
     """Excluded (row, column) pairs of a block of users, sorted by column.
 
     ``exclude`` (c, L) holds item ids, 0 = padding (ignored); column = id - 1.
-    Duplicates are harmless (the same entry is set to -inf twice).
+    A user's repeated item is kept once, so each excluded entry is counted once.
     """
 
     def __init__(self, exclude: Tensor) -> None:
         rows, pos = (exclude > 0).nonzero(as_tuple=True)
         cols = exclude[rows, pos].long() - 1
-        order = torch.argsort(cols, stable=True)
-        self.rows, self.cols = rows[order], cols[order]
+        c = max(exclude.shape[0], 1)
+        key = torch.unique(cols * c + rows)  # sorted by column, then row; duplicates once
+        self.rows, self.cols = key % c, key.div(c, rounding_mode="floor")
+
+    def _span(self, j: int, w: int) -> tuple[int, int]:
+        bounds = torch.tensor([j, j + w], device=self.cols.device)
+        lo, hi = torch.searchsorted(self.cols, bounds).tolist()
+        return lo, hi
 
     def mask(self, tile: Tensor, j: int) -> Tensor:
         """Set the excluded entries of ``tile`` (c, w), columns ``j .. j + w - 1``, to -inf."""
-        bounds = torch.tensor([j, j + tile.shape[1]], device=self.cols.device)
-        lo, hi = torch.searchsorted(self.cols, bounds).tolist()
+        lo, hi = self._span(j, tile.shape[1])
         if hi > lo:
             tile[self.rows[lo:hi], self.cols[lo:hi] - j] = float("-inf")
         return tile
+
+    def count_at_or_above(self, tile: Tensor, j: int, t_score: Tensor, col: Tensor) -> Tensor:
+        """(c,) per row: excluded entries of ``tile`` (c, w; columns ``j ..``) scoring at
+        least ``t_score`` (c, 1), other than the row's target column ``col`` (c,).
+
+        Subtracted from the unmasked count, it gives the rank with these items excluded
+        from the same scores, so both conventions come from one pass over the tiles."""
+        counts = torch.zeros(tile.shape[0], dtype=torch.long, device=tile.device)
+        lo, hi = self._span(j, tile.shape[1])
+        if hi > lo:
+            r, c = self.rows[lo:hi], self.cols[lo:hi]
+            above = (tile[r, c - j] >= t_score[r, 0]) & (c != col[r])
+            counts.index_add_(0, r[above], torch.ones_like(r[above]))
+        return counts

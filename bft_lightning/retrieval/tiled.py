@@ -173,6 +173,19 @@ def tiled_target_ranks(
     tile_users: int = TILE_USERS,
     tile_columns: int = TILE_COLUMNS,
 ) -> Tensor:
+    """Pessimistic 0-based ranks (U,) of ``target`` (U,) item ids (see :func:`tiled_ranks`)."""
+    return tiled_ranks(scorer, target, exclude, tile_users, tile_columns)[0]
+
+
+@torch.no_grad()
+def tiled_ranks(
+    scorer: Scorer,
+    target: Tensor,
+    exclude: Tensor | None = None,
+    tile_users: int = TILE_USERS,
+    tile_columns: int = TILE_COLUMNS,
+    seen: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """Pessimistic 0-based ranks (U,) of ``target`` (U,) item ids, a score tile at a time.
 
     ``rank_u = #{j >= 1, j != t_u, j not excluded : s_uj >= s_ut}``: a target that
@@ -184,30 +197,47 @@ def tiled_target_ranks(
     adds its count of scores at or above them (the last target tile, still in the
     buffer, without a second product), and the target's own entry is taken out in
     the tile that holds it.
+
+    With ``seen`` (U, L) item ids (0 = padding), the ranks with those items also
+    excluded come from the same tiles: each tile's seen entries at or above the
+    target (the target itself never) are counted before the tile is compared, and
+    returned second (None without ``seen``). Both conventions thus see the same
+    score values, and the second equals a run with ``exclude=seen``.
     """
     if min(tile_users, tile_columns) < 1 or tile_columns > 2**24:
         raise ValueError("tile_users must be >= 1 and tile_columns in 1..2^24 (exact counts)")
     n, dev = scorer.num_items, scorer.users.device
     ranks = torch.empty(target.shape[0], dtype=torch.long, device=dev)
+    masked = torch.empty_like(ranks) if seen is not None else None
     if target.numel() == 0:
-        return ranks
+        return ranks, masked
     order = torch.argsort(target, stable=True)  # users by target: few target tiles a block
     tgt = target[order].long() - 1  # (U,) column of each sorted user's target
     sorted_scorer = scorer.rows(order)
     sorted_exclude = None if exclude is None else exclude[order]
+    sorted_seen = None if seen is None else seen[order]
     buf = scorer.users.new_empty((min(tile_users, target.shape[0]), min(tile_columns, n)))
     wide = torch.promote_types(buf.dtype, torch.float32)  # exact counts in the row sums
 
     def count_into(
-        tile: Tensor, j: int, t_score: Tensor, col: Tensor, counts: Tensor, excl: Exclusion | None
+        tile: Tensor,
+        j: int,
+        t_score: Tensor,
+        col: Tensor,
+        counts: Tensor,
+        excl: Exclusion | None,
+        seen_at: Exclusion | None,
     ) -> None:
         # the tile becomes its own 0/1 indicator of "at or above the target" in place,
         # and a float row sum counts it (cheaper than a bool tensor and an integer
         # sum: results/perf/notes.md); exact: a row holds at most 2^24 ones, summed in
         # float32 at least.
-        # counts (2, c): the count at or above the target, and the target's own (0 / 1)
+        # counts (3, c): the count at or above the target, the target's own (0 / 1) and
+        # the seen items' among them
         if excl is not None:
             excl.mask(tile, j)
+        if seen_at is not None:  # before the tile becomes its indicator
+            counts[2] += seen_at.count_at_or_above(tile, j, t_score, col)
         above = tile.ge_(t_score)
         counts[0] += above.sum(1, dtype=wide).long()
         rows = ((col >= j) & (col < j + above.shape[1])).nonzero().squeeze(1)
@@ -217,9 +247,10 @@ def tiled_target_ranks(
     for rows in _blocks(target.shape[0], tile_users):
         block, col, idx = sorted_scorer.rows(rows), tgt[rows], order[rows]
         excl = _exclusion(sorted_exclude, rows)
+        seen_at = _exclusion(sorted_seen, rows)
         c = col.shape[0]
         t_score = buf.new_empty(c, 1)
-        counts = torch.zeros(2, c, dtype=torch.long, device=dev)
+        counts = torch.zeros(3, c, dtype=torch.long, device=dev)
         target_tiles = (
             col.div(tile_columns, rounding_mode="floor").unique() * tile_columns
         ).tolist()
@@ -230,7 +261,7 @@ def tiled_target_ranks(
                 tile = block.tile(j, w, buf[:c, :w])
                 hit = ((col >= j) & (col < j + w)).nonzero().squeeze(1)
                 t_score[hit, 0] = tile[hit, col[hit] - j]  # before exclusion: its own score
-            count_into(tile, target_tiles[-1], t_score, col, counts, excl)
+            count_into(tile, target_tiles[-1], t_score, col, counts, excl, seen_at)
             counted = target_tiles[-1]
         else:
             # targets spread over many tiles (more tiles than users in a block, as with
@@ -241,6 +272,9 @@ def tiled_target_ranks(
         for j in range(0, n, tile_columns):
             if j != counted:
                 w = min(tile_columns, n - j)
-                count_into(block.tile(j, w, buf[:c, :w]), j, t_score, col, counts, excl)
+                tile = block.tile(j, w, buf[:c, :w])
+                count_into(tile, j, t_score, col, counts, excl, seen_at)
         ranks[idx] = counts[0] - counts[1]
-    return ranks
+        if masked is not None:
+            masked[idx] = counts[0] - counts[1] - counts[2]
+    return ranks, masked

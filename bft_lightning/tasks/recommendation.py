@@ -28,7 +28,7 @@ from bft_lightning.metrics import RankingMetric, write_report
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
 from bft_lightning.nn.stats import find_filter_layers, set_recording
-from bft_lightning.retrieval import target_ranks
+from bft_lightning.retrieval import ranks_both_ways
 from bft_lightning.tasks import checkpoint as ckpt
 from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
 from bft_lightning.tasks.ddp import global_mean
@@ -124,11 +124,17 @@ class SequentialRecommendation(L.LightningModule):
             (layer-0 tau and rho).
         warmup_steps: linear warm-up steps (0 = none).
         cosine: cosine decay to 0 over the run after warm-up.
-        mask_history: exclude the items of the evaluation input (the user's last
+        mask_history: the evaluation convention of the unsuffixed metrics
+            (``val/ndcg@10``, ``test/hr@10``, what early stopping monitors):
+            True excludes the items of the evaluation input (the user's last
             ``max_len`` items before the target; BERT4Rec reads the last
-            ``max_len - 1`` of them, then its mask token) from the ranking; older
-            items are not in an evaluation batch and stay ranked (off by default:
-            a repeat purchase is a legitimate target).
+            ``max_len - 1`` of them, then its mask token) from the ranking, as
+            the field's published tables do; older items are not in an
+            evaluation batch and stay ranked. Both conventions are always
+            computed from the same scores: the other one is logged with its
+            suffix (``_seen_masked`` when this is False, ``_unmasked`` when
+            True). False by default here (a repeat purchase is a legitimate
+            target); the shipped configs set True.
         ks: cut-offs of HR@k / NDCG@k.
         report_dir: where test reports go; default the logger's directory.
         compile: compile the backbone's encoder with ``torch.compile`` (dynamic
@@ -236,7 +242,9 @@ class SequentialRecommendation(L.LightningModule):
 
     def _new_metric(self, loader: object) -> RankingMetric:
         n = len(getattr(loader, "dataset"))  # noqa: B009 - every eval loader has one
-        metric = RankingMetric(n, item_frequency=self._item_frequency(), ks=self.ks)
+        protocol = "seen_masked" if self.mask_history else "unmasked"
+        metric = RankingMetric(n, item_frequency=self._item_frequency(), ks=self.ks,
+                               protocol=protocol)  # fmt: skip
         return metric.to(self.device)
 
     # -- training -----------------------------------------------------------------------
@@ -269,12 +277,15 @@ class SequentialRecommendation(L.LightningModule):
         hidden, log_prec = self.model.last_hidden(batch["input_ids"], batch.get("input_time"))
         # ranks from tiles of the scores, in the weights' precision with autocast off
         # (under mixed precision a bf16 score ties many items with the target, and ties
-        # count against it); mask_history excludes the input's items inside the tiles
-        exclude = batch["input_ids"] if self.mask_history else None
-        ranks = target_ranks(self.model, hidden, log_prec, batch["target"], exclude)
+        # count against it); both conventions from the same tiles: the input's items
+        # kept in the ranking, and excluded from it (mask_history picks the headline)
+        unmasked, masked = ranks_both_ways(
+            self.model, hidden, log_prec, batch["target"], batch["input_ids"]
+        )
+        ranks, other = (masked, unmasked) if self.mask_history else (unmasked, masked)
         metric.update(
             None, batch["target"], batch["user"], batch.get("history_len"),
-            gain=self._last_position_gain(), ranks=ranks,
+            gain=self._last_position_gain(), ranks=ranks, ranks_other=other,
         )  # fmt: skip
 
     def _last_position_gain(self) -> Tensor | None:
@@ -329,6 +340,9 @@ class SequentialRecommendation(L.LightningModule):
         fingerprint; see ``bft_lightning.datamodules.vocabulary``.
         ``timestamps``: whether the data had timestamps (``has_time``), which
         HSTU's time bias read in training; serving then requires them.
+        ``repeat_rate``: the share of training targets already in their history
+        (``SequenceDataModule.repeat_rate``); recommendations exclude seen items by
+        default when it is low.
         """
         info: dict[str, Any] = {
             "task": qualname(type(self)),
@@ -342,6 +356,9 @@ class SequentialRecommendation(L.LightningModule):
         state = getattr(dm, "vocabulary_state", None)
         if callable(state):
             info["vocabulary"] = state()
+        rate = getattr(dm, "repeat_rate", None)
+        if isinstance(rate, float):  # picks the exclude_seen default of recommendations
+            info["repeat_rate"] = rate
         timed = getattr(dm, "has_time", None)
         if isinstance(timed, bool):  # trained with timestamps (HSTU's time bias reads them)
             info["timestamps"] = timed

@@ -136,3 +136,34 @@ def test_no_timestamps_no_time_keys():
         "user",
         "history_len",
     }
+
+
+def _repeat_rate_by_loop(data, split) -> float:
+    """The definition, one user at a time: training targets already in their history."""
+    repeats = targets = 0
+    for u in range(data.num_users):
+        part = data.items[split.train_start[u] : split.train_end[u]].tolist()
+        for t in range(1, len(part)):
+            targets += 1
+            repeats += part[t] in part[:t]
+    return repeats / targets if targets else 0.0
+
+
+def test_repeat_rate_counts_training_targets_already_in_their_history():
+    from bft_lightning.datamodules.splits import repeat_rate
+
+    seqs = [list("abab") + ["v", "w"], list("aaaa") + ["v", "w"], list("abc"), ["z"], list("cd")]
+    log = InteractionLog([f"u{i}" for i in range(5)], seqs, None)
+    data = encode(log)
+    split = leave_one_out(data)
+    # training parts: abab (targets b a b: a, b repeat), aaaa (3 repeats), a (none),
+    # z (short: trains, no target), cd (short: c -> d, no repeat): 5 of 3 + 3 + 1 = 7
+    assert repeat_rate(data, split) == pytest.approx(5 / 7)
+    assert repeat_rate(data, split) == pytest.approx(_repeat_rate_by_loop(data, split))
+    rng = np.random.default_rng(0)
+    rand = [[str(x) for x in rng.integers(0, 12, rng.integers(1, 30))] for _ in range(200)]
+    data = encode(InteractionLog([str(i) for i in range(200)], rand, None))
+    split = leave_one_out(data)
+    assert repeat_rate(data, split) == pytest.approx(_repeat_rate_by_loop(data, split))
+    no_repeat = encode(InteractionLog(["a", "b"], [list("pqrst"), list("uvw")], None))
+    assert repeat_rate(no_repeat, leave_one_out(no_repeat)) == 0.0
