@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -53,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-epochs", type=int, default=None, help="= --trainer.max_epochs")
     p.add_argument("--heartbeat", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     return p
 
 
@@ -109,7 +111,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
     if opts.max_epochs is not None:
         base.append(f"--trainer.max_epochs={opts.max_epochs}")
     plan = plan_study(base, opts.monitor)
-    if not opts.worker_only:
+    if not opts.worker_only:  # the workers of --workers N: checked by their parent
         check_keys(plan, space)
     name = opts.study_name or f"{Path(opts.config[-1]).stem}-{Path(opts.search).stem}"
     url = opts.storage or f"sqlite:///{Path(plan.save_dir) / 'tune' / name}.db"
@@ -135,7 +137,8 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         run_worker(
             study, opts.trials, objective,
             lambda t: print(report.progress_line(t, plan.monitor), flush=True),
-            heartbeat=not url.startswith("journal:"),
+            heartbeat=not url.startswith("journal:"), seed=opts.sampler_seed,
+            worker=opts.worker_index,
         )  # fmt: skip
     if opts.worker_only:
         return 0
@@ -144,16 +147,17 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
 
 def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: bool) -> Any:
     import optuna
-    from optuna.storages import RetryFailedTrialCallback
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     from bft_lightning.tuning.trial import TrialFailed, run_trial
 
     def objective(trial: optuna.Trial) -> float:
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
-        retry_of = RetryFailedTrialCallback.retried_trial_number(frozen)
+        retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen)
         values = space.sample(trial)
         trial.set_user_attr("values", values)
         trial.set_user_attr("retry_of", retry_of)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         for key in ("fail_reason", "fail_kind", "best_ckpt", "best_epoch", "best_value"):
             if key in frozen.user_attrs:  # a retry starts with the killed trial's attributes
                 trial.set_user_attr(key, None)
@@ -181,14 +185,22 @@ def _spawn(argv: list[str], workers: int, url: str) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = str(max(1, (cores or 1) // workers))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-    args = [a for a in argv if not a.startswith("--workers")]
-    if "--workers" in argv:  # "--workers N" as two words
-        i = argv.index("--workers")
-        args = argv[:i] + argv[i + 2 :]
-    if "--storage" not in " ".join(args):
-        args = ["--storage", url, *args]
-    command = [sys.executable, "-m", "bft_lightning", "tune", "--worker-only", *args]
-    procs = [subprocess.Popen(command, env=env) for _ in range(workers)]
+    args, skip = [], False
+    for i, a in enumerate(argv):  # this command without --workers N / --workers=N
+        if skip:
+            skip = False
+        elif a == "--":
+            args += argv[i:]
+            break
+        elif a == "--workers":
+            skip = True
+        elif not a.startswith("--workers="):
+            args.append(a)
+    command = [sys.executable, "-m", "bft_lightning", "tune", "--worker-only", "--storage", url]
+    procs = [
+        subprocess.Popen([*command, "--worker-index", str(i), *args], env=env)
+        for i in range(workers)
+    ]
     try:
         codes = [p.wait() for p in procs]
     finally:

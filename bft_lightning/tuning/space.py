@@ -201,7 +201,11 @@ def load_space(path: str | Path, _seen: tuple[str, ...] = ()) -> SearchSpace:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SearchSpaceError(f"{name}: {where}invalid YAML ({what})") from None
+        problem = f"{name}: {where}invalid YAML ({what})"
+    else:
+        problem = None
+    if problem is not None:  # raised outside the handler: the message is this one
+        raise SearchSpaceError(problem)
     if doc is None:
         raise SearchSpaceError(f"{name}: empty search space (no parameter to search)")
     if not isinstance(doc, _Mapping):
@@ -261,12 +265,10 @@ def _param(key: str, raw: Any, file: str, line: int) -> Param:
                 raise bad(f"type {kind} needs low and high")
             continue
         value = raw[name]
-        try:  # YAML reads 1e-4 (no dot) as a string
-            if isinstance(value, bool) or (kind == "int" and isinstance(value, float)):
-                raise ValueError
-            values[name] = number(value)
-        except (TypeError, ValueError):
+        converted = _number(number, value)  # YAML reads 1e-4 (no dot) as a string
+        if converted is None:
             raise bad(f"{name} must be a{'n' if kind == 'int' else ''} {kind}, got {value!r}")
+        values[name] = converted
         if kind == "float" and not math.isfinite(values[name]):
             raise bad(f"{name} must be finite, got {value!r}")
     low, high, step = values["low"], values["high"], values.get("step")
@@ -282,6 +284,15 @@ def _param(key: str, raw: Any, file: str, line: int) -> Param:
     if step is not None and step <= 0:
         raise bad(f"step must be > 0, got {step}")
     return Param(key, kind, file, line, low=low, high=high, log=log, step=step, when=when)
+
+
+def _number(number: type, value: Any) -> float | int | None:
+    if isinstance(value, bool) or (number is int and isinstance(value, float)):
+        return None
+    try:
+        return number(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _when(raw: Any, bad: Any) -> dict[str, tuple[Any, ...]]:

@@ -5,7 +5,7 @@ reason (a divergence, a refused value, out of memory). A trial whose process
 was killed is not one of them: with an RDB storage (SQLite, PostgreSQL,
 MySQL) every running trial writes a heartbeat, and the next worker to start
 on the study marks a trial whose heartbeat stopped as failed and enqueues it
-again with the same parameters (Optuna's ``RetryFailedTrialCallback``), so a
+again with the same parameters (Optuna's ``RetryHeartbeatStaleTrialCallback``), so a
 rerun of the same command retries it.
 
 Several workers (processes, machines) share one study through its storage.
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -45,7 +46,7 @@ def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
     """An Optuna storage from a URL: ``sqlite:///file.db``, ``postgresql://...``,
     ``mysql://...`` (RDB, with heartbeats), or ``journal:FILE`` (Optuna's journal
     file, for file systems where SQLite locking is unreliable; no heartbeat)."""
-    from optuna.storages import JournalStorage, RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
@@ -65,15 +66,22 @@ def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
             url,
             heartbeat_interval=max(1, round(heartbeat)),
             grace_period=max(2, round(3 * heartbeat)),
-            failed_trial_callback=RetryFailedTrialCallback(max_retry=MAX_RETRY),
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
         )
     except ImportError as err:  # a driver (psycopg2, pymysql) that is not installed
         raise ValueError(f"--storage {url}: {err}") from None
 
 
-def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    """TPE with a seed: the same seed and trial history draw the same values."""
-    return optuna.samplers.TPESampler(seed=seed)
+def make_sampler(seed: int, trials_so_far: int = 0, worker: int = 0) -> optuna.samplers.BaseSampler:
+    """TPE seeded from (``--sampler-seed``, the number of trials in the study, the worker).
+
+    A new sampler for each trial: a study run straight through draws the same values
+    for the same seed, while a rerun after a kill, or a second worker, does not restart
+    the random stream at the first trial's values (a sampler seeded once per process
+    would draw trial 0's values again).
+    """
+    state = np.random.SeedSequence([seed, trials_so_far, worker]).generate_state(1)[0]
+    return optuna.samplers.TPESampler(seed=int(state))
 
 
 def make_pruner(name: str, budget: int, max_epochs: int | None) -> optuna.pruners.BasePruner:
@@ -150,6 +158,8 @@ def run_worker(
     objective: Callable[[optuna.Trial], float],
     on_trial: Callable[[FrozenTrial], None],
     heartbeat: bool = True,
+    seed: int = 0,
+    worker: int = 0,
     poll: float = 2.0,
 ) -> None:
     """Run trials until ``budget`` finished trials are in the study.
@@ -187,4 +197,5 @@ def run_worker(
                 return
             time.sleep(poll)
             continue
+        study.sampler = make_sampler(seed, len(trials), worker)
         study.optimize(guarded, n_trials=1, catch=(TrialFailed, OverBudget), callbacks=[report])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,7 +76,8 @@ def compose(argv: list[str]) -> tuple[Any, Any]:
 
     klass = _parse_only_class()
     try:
-        main(["fit", *argv], exit_on_error=False, cli_class=klass)
+        with _quiet(None):
+            main(["fit", *argv], exit_on_error=False, cli_class=klass)
     except klass.Parsed as done:  # type: ignore[attr-defined]
         cli = done.args[0]
         return cli._parser("fit"), cli.config["fit"]
@@ -142,32 +144,40 @@ def check_keys(plan: Plan, space: Any) -> None:
     An option the model does not have, or a value of the wrong type, stops the study
     here, before any trial, with the space file's line of that key.
     """
+    rounds = max(len(p.probe_values()) for p in space.params)
+    for i in range(rounds):
+        values = {p.key: p.probe_values()[i % len(p.probe_values())] for p in space.params}
+        message = _refusal([*plan.base, *space.overrides(values)])
+        if message is None:
+            continue
+        culprit = next((p for p in space.params if _names(message, p.key)), None)
+        if culprit is None:  # locate it: one key at a time
+            culprit = next(
+                (p for p in space.params
+                 if _refusal([*plan.base, *space.overrides({p.key: values[p.key]})])),
+                None,
+            )  # fmt: skip
+        unknown = re.search(r"Option '([^']+)' is not accepted", message)
+        if unknown:
+            message = f"not an option of the model or data (fit's parser: {unknown.group(0)})"
+        where = culprit.where() if culprit else space.path
+        shown = f" = {values[culprit.key]!r}" if culprit and not unknown else ""
+        raise ValueError(f"{where}{shown}: the fit command line refuses it: {message}")
+
+
+def _refusal(argv: list[str]) -> str | None:
+    """Why fit's parser refuses ``argv`` (one line), or None."""
     from jsonargparse import ArgumentError
 
     from bft_lightning.utils.errors import one_line
 
-    rounds = max(len(p.probe_values()) for p in space.params)
-    for i in range(rounds):
-        values = {p.key: p.probe_values()[i % len(p.probe_values())] for p in space.params}
-        try:
-            compose([*plan.base, *space.overrides(values)])
-        except (ArgumentError, ValueError, SystemExit) as err:
-            message = one_line(err) if not isinstance(err, SystemExit) else str(err.code)
-            culprit = next((p for p in space.params if _names(message, p.key)), None)
-            if culprit is None:  # locate it: one key at a time
-                for p in space.params:
-                    try:
-                        compose([*plan.base, *space.overrides({p.key: values[p.key]})])
-                    except (ArgumentError, ValueError, SystemExit):
-                        culprit = p
-                        break
-            where = culprit.where() if culprit else space.path
-            shown = values[culprit.key] if culprit else None
-            raise ValueError(
-                f"{where}: the fit command line refuses it"
-                + (f" (with the value {shown!r})" if culprit else "")
-                + f": {message}"
-            ) from None
+    try:
+        compose(argv)
+    except (ArgumentError, ValueError) as err:
+        return one_line(err)
+    except SystemExit as err:
+        return str(err.code)
+    return None
 
 
 def _names(message: str, key: str) -> bool:
@@ -233,7 +243,7 @@ def _quiet(stream: Any) -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.WARNING)
     try:
-        with contextlib.redirect_stdout(stream):
+        with contextlib.redirect_stdout(stream) if stream is not None else contextlib.nullcontext():
             yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
