@@ -38,6 +38,7 @@ import reproduce_rec as rr  # noqa: E402  (a sibling script, not a package)
 from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "configs" / "experiments"
 TWINS = {"off": "off", "on": "tuned_on"}  # twin -> reproduce_rec variant
 rr.VARIANTS.setdefault("tuned_on", ("on", []))  # the on twin at its tuned values only
 
@@ -47,7 +48,7 @@ def study_args(args: argparse.Namespace, twin: str) -> list[str]:
     name = f"{args.dataset}_{args.backbone}_{twin}"
     storage = Path(args.storage_dir)
     return [
-        "--config", str(ROOT / "configs" / "experiments" / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
+        "--config", str(EXPERIMENTS / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
         "--search", str(ROOT / "configs" / "search" / f"{args.backbone}_{twin}.yaml"),
         "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
         "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
@@ -60,8 +61,11 @@ def study_args(args: argparse.Namespace, twin: str) -> list[str]:
 
 def shared_overrides(args: argparse.Namespace) -> list[str]:
     """What both studies and every retraining share (data, epochs, loss normalization)."""
-    out = [f"--trainer.max_epochs={args.max_epochs}", f"--data.init_args.data_root={args.data_root}",
-           f"--model.init_args.loss_normalization={args.loss_normalization}"]  # fmt: skip
+    out = [
+        f"--trainer.max_epochs={args.max_epochs}",
+        f"--data.init_args.data_root={args.data_root}",
+        f"--model.init_args.loss_normalization={args.loss_normalization}",
+    ]
     if args.noise:
         out.append(f"--data.init_args.train_noise={args.noise}")
     if args.accelerator:
@@ -104,7 +108,9 @@ def retrain_args(args: argparse.Namespace, best: dict[str, Any]) -> argparse.Nam
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--dataset", default="beauty", help="a configs/experiments/<backbone>_*_<dataset>.yaml")
+    p.add_argument(
+        "--dataset", default="beauty", help="a configs/experiments/<backbone>_*_<dataset>.yaml"
+    )
     p.add_argument("--backbone", default="sasrec", choices=["sasrec", "bert4rec", "hstu"])
     p.add_argument("--trials", type=int, default=24, help="each study's budget")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="retraining seeds")

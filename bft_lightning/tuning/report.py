@@ -34,7 +34,9 @@ def short_names(keys: list[str]) -> dict[str, str]:
         for n in range(1, len(parts) + 1):
             short = ".".join(p for p in parts[-n:] if p != "init_args") or key
             others = [k for k in keys if k != key]
-            if not any(".".join(p for p in k.split(".")[-n:] if p != "init_args") == short for k in others):
+            if not any(
+                ".".join(p for p in k.split(".")[-n:] if p != "init_args") == short for k in others
+            ):
                 break
         out[key] = short
     return out
@@ -59,7 +61,9 @@ def progress_line(t: FrozenTrial, monitor: str) -> str:
     names = short_names(list(t.params))
     params = " ".join(f"{names[k]}={_fmt(v)}" for k, v in t.params.items())
     value = _value(t)
-    metric = f"{monitor}={value:.4f}" if value is not None and math.isfinite(value) else f"{monitor}=-"
+    metric = (
+        f"{monitor}={value:.4f}" if value is not None and math.isfinite(value) else f"{monitor}=-"
+    )
     if t.state == TrialState.COMPLETE and t.user_attrs.get("best_epoch") is not None:
         metric += f" (epoch {t.user_attrs['best_epoch']})"
     seconds = t.user_attrs.get("seconds")
@@ -118,7 +122,8 @@ def write_tables(study: optuna.Study, out: Path, monitor: str) -> None:
     shown = [*header[:5], *(names[h] for h in header[5:-2]), *header[-2:]]
     shown[2] = monitor
     lines = [
-        f"# Study {study.study_name}: {len(rows)} trials ({study.direction.name.lower()} {monitor})",
+        f"# Study {study.study_name}: {len(rows)} trials "
+        f"({study.direction.name.lower()} {monitor})",
         "",
         "| " + " | ".join(shown) + " |",
         "|" + "---|" * len(shown),

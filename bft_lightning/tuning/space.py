@@ -203,8 +203,8 @@ def load_space(path: str | Path, _seen: tuple[str, ...] = ()) -> SearchSpace:
         what = getattr(err, "problem", None) or str(err).splitlines()[0]
         problem = f"{name}: {where}invalid YAML ({what})"
     else:
-        problem = None
-    if problem is not None:  # raised outside the handler: the message is this one
+        problem = ""
+    if problem:  # raised outside the handler: the message is this one
         raise SearchSpaceError(problem)
     if doc is None:
         raise SearchSpaceError(f"{name}: empty search space (no parameter to search)")

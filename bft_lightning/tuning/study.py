@@ -101,7 +101,7 @@ def make_pruner(name: str, budget: int, max_epochs: int | None) -> optuna.pruner
     raise ValueError(f"--pruner {name}: one of {', '.join(PRUNERS)}")
 
 
-def open_study(name: str, storage: Any, direction: str, sampler: Any, pruner: Any,
+def open_study(name: str, storage: Any, direction: Any, sampler: Any, pruner: Any,
                meta: dict[str, Any]) -> optuna.Study:  # fmt: skip
     """Create or load the study; a loaded one must be of the same search and config."""
     study = optuna.create_study(

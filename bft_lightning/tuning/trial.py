@@ -208,7 +208,9 @@ class _TrialRecorder(Callback):
             return
         value = float(value)
         if not math.isfinite(value):
-            raise FloatingPointError(f"diverged: {self.monitor} = {value} at epoch {pl_module.current_epoch}")
+            raise FloatingPointError(
+                f"diverged: {self.monitor} = {value} at epoch {pl_module.current_epoch}"
+            )
         self.values.append((int(pl_module.current_epoch) + 1, value))  # epochs from 1
 
 
@@ -250,7 +252,9 @@ def _quiet(stream: Any) -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _run_trial(trial: Any, plan: Plan, overrides: list[str], version: str, prune: bool) -> TrialResult:
+def _run_trial(
+    trial: Any, plan: Plan, overrides: list[str], version: str, prune: bool
+) -> TrialResult:
     import optuna
 
     from bft_lightning.cli import main
@@ -294,8 +298,16 @@ def _run_trial(trial: Any, plan: Plan, overrides: list[str], version: str, prune
     except SystemExit as err:  # fit's own launch checks
         result = TrialResult("fail", reason=str(err.code), kind="refused")
     except Exception as err:  # noqa: BLE001 - a value the model refuses, or a bug: a FAIL
-        kind = "refused" if isinstance(err, ValueError | TypeError) or "Argument" in type(err).__name__ else "error"
-        result = TrialResult("fail", reason=f"{type(err).__name__}: {one_line(err)}" if kind == "error" else one_line(err), kind=kind)
+        kind = (
+            "refused"
+            if isinstance(err, ValueError | TypeError) or "Argument" in type(err).__name__
+            else "error"
+        )
+        result = TrialResult(
+            "fail",
+            reason=f"{type(err).__name__}: {one_line(err)}" if kind == "error" else one_line(err),
+            kind=kind,
+        )
     trainer = cli.trainer if cli is not None else holder.get("trainer")
     best = _best(trainer, plan, recorder)
     result.attrs.update(best, seconds=round(time.monotonic() - start, 1))

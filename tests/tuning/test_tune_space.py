@@ -50,7 +50,8 @@ def test_child_key_replaces_the_inherited_one(tmp_path: Path) -> None:
     write(tmp_path / "base.yaml", "a.lr: {type: float, low: 0.1, high: 0.2}\nb.x: 3\n")
     child = write(
         tmp_path / "child.yaml",
-        "extends: base.yaml\na.lr: {type: float, low: 0.3, high: 0.4}\nc.y: {type: int, low: 1, high: 2}\n",
+        "extends: base.yaml\na.lr: {type: float, low: 0.3, high: 0.4}\n"
+        "c.y: {type: int, low: 1, high: 2}\n",
     )
     space = load_space(child)
     assert [p.key for p in space.params] == ["a.lr", "b.x", "c.y"]
@@ -73,12 +74,14 @@ BROKEN = {
     ),
     "bad_when_key": (
         "model.init_args.lr: {type: float, low: 0.1, high: 1}\n"
-        "model.init_args.num_negatives: {type: int, low: 8, high: 64, when: {model.init_args.los: bce}}\n",
+        "model.init_args.num_negatives:\n"
+        "  {type: int, low: 8, high: 64, when: {model.init_args.los: bce}}\n",
         r"line 2: model.init_args.num_negatives: when: model.init_args.los is not a parameter",
     ),
     "bad_when_value": (
         "model.init_args.loss: {type: categorical, choices: [ce, bce]}\n"
-        "model.init_args.num_negatives: {type: int, low: 8, high: 64, when: {model.init_args.loss: bpr}}\n",
+        "model.init_args.num_negatives:\n"
+        "  {type: int, low: 8, high: 64, when: {model.init_args.loss: bpr}}\n",
         r"line 2: model.init_args.num_negatives: when: model.init_args.loss never takes 'bpr'",
     ),
     "log_zero": (

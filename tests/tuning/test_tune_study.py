@@ -22,7 +22,9 @@ def study_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """3 trials of 2 epochs, in this order: a good lr, a hopeless one (pruned by the
     median of the first), a negative one (the model refuses it)."""
     tmp = tmp_path_factory.mktemp("tune")
-    space = write(tmp / "space.yaml", f"{LR}: {{type: categorical, choices: [0.01, 1.0e-7, -1.0]}}\n")
+    space = write(
+        tmp / "space.yaml", f"{LR}: {{type: categorical, choices: [0.01, 1.0e-7, -1.0]}}\n"
+    )
     storage = f"sqlite:///{tmp}/study.db"
     # the capture fixture is function-scoped: this module's study is captured by hand
     study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
@@ -74,7 +76,9 @@ def test_trial_records_run_folder_checkpoint_epoch_and_value(study_run: dict) ->
     assert Path(attrs["best_ckpt"]).is_file() and Path(attrs["best_ckpt"]).parent.parent == run_dir
     assert good.value == pytest.approx(attrs["best_value"])
     assert good.value == pytest.approx(max(good.intermediate_values.values()))
-    assert attrs["best_epoch"] == 1 + max(good.intermediate_values, key=good.intermediate_values.get)
+    assert attrs["best_epoch"] == 1 + max(
+        good.intermediate_values, key=good.intermediate_values.get
+    )
 
 
 def test_report_files_and_best_yaml_that_fit_trains(study_run: dict, capsys) -> None:
@@ -88,7 +92,9 @@ def test_report_files_and_best_yaml_that_fit_trains(study_run: dict, capsys) -> 
     assert best["model"]["init_args"]["lr"] == 0.01
     assert best["trainer"]["max_epochs"] == 2
     save = study_run["tmp"] / "refit"
-    entry(["fit", "--config", str(out / "best.yaml"), f"--trainer.logger.init_args.save_dir={save}"])
+    entry(
+        ["fit", "--config", str(out / "best.yaml"), f"--trainer.logger.init_args.save_dir={save}"]
+    )
     assert list(save.glob("quick/version_0/checkpoints/best.ckpt"))
 
 
@@ -103,8 +109,8 @@ def test_rerun_of_a_finished_study_only_reports(study_run: dict, capsys) -> None
 def test_all_trials_refused_exits_2(tmp_path: Path, capsys) -> None:
     space = write(tmp_path / "space.yaml", f"{LR}: {{type: float, low: -2.0, high: -1.0}}\n")
     code, out, _ = tune(
-        ["--config", CONFIG, "--search", str(space), "--trials", "1",
-         "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "out"), *tiny(tmp_path)],
+        ["--config", CONFIG, "--search", str(space), "--trials", "1", "--storage",
+         f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "out"), *tiny(tmp_path)],
         capsys,
     )  # fmt: skip
     assert code == 2
