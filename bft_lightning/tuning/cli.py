@@ -169,6 +169,7 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
         for key, value in result.attrs.items():
             trial.set_user_attr(key, value)
         if result.state == "pruned":
+            trial.set_user_attr("pruned", result.reason)
             raise optuna.TrialPruned(result.reason)
         if result.state == "fail":
             trial.set_user_attr("fail_reason", result.reason)

@@ -105,7 +105,7 @@ def _rows(study: optuna.Study) -> tuple[list[str], list[list[Any]]]:
         rows.append([
             t.number, t.state.name, _value(t), t.user_attrs.get("best_epoch"),
             t.user_attrs.get("seconds"), *(t.params.get(k) for k in keys),
-            t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned_at") or "",
+            t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned") or "",
             t.user_attrs.get("run_dir", ""),
         ])  # fmt: skip
     return header, rows

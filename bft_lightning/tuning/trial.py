@@ -135,6 +135,12 @@ def plan_study(base: list[str], monitor: str | None) -> Plan:
     save_dir = str(init.get("save_dir")) if init is not None and init.get("save_dir") else "logs"
     versioned = init is not None and "version" in init
     max_epochs = trainer.get("max_epochs")
+    every = trainer.get("check_val_every_n_epoch") or 1
+    if max_epochs is not None and 0 < max_epochs < every:
+        raise ValueError(
+            f"trainer.max_epochs={max_epochs} ends every trial before its first validation "
+            f"(check_val_every_n_epoch={every}): no {name} to compare or prune on"
+        )
     return Plan(list(base), name, mode, save_dir, versioned, max_epochs)
 
 
@@ -258,7 +264,6 @@ def _run_trial(
     import optuna
 
     from bft_lightning.cli import main
-    from bft_lightning.utils.errors import one_line
 
     recorder = _TrialRecorder(plan.monitor)
     extra: list[Callback] = [recorder]
@@ -287,27 +292,8 @@ def _run_trial(
         result = TrialResult("complete")
     except optuna.TrialPruned as err:
         result = TrialResult("pruned", reason=str(err) or "pruned")
-    except FloatingPointError as err:
-        result = TrialResult("fail", reason=str(err), kind="diverged")
-    except MemoryError as err:
-        result = TrialResult("fail", reason=f"out of memory: {err}", kind="out_of_memory")
-    except RuntimeError as err:
-        text = one_line(err)
-        oom = "out of memory" in text.lower()
-        result = TrialResult("fail", reason=text, kind="out_of_memory" if oom else "error")
-    except SystemExit as err:  # fit's own launch checks
-        result = TrialResult("fail", reason=str(err.code), kind="refused")
-    except Exception as err:  # noqa: BLE001 - a value the model refuses, or a bug: a FAIL
-        kind = (
-            "refused"
-            if isinstance(err, ValueError | TypeError) or "Argument" in type(err).__name__
-            else "error"
-        )
-        result = TrialResult(
-            "fail",
-            reason=f"{type(err).__name__}: {one_line(err)}" if kind == "error" else one_line(err),
-            kind=kind,
-        )
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - every failure is a trial result
+        result = _failure(err)
     trainer = cli.trainer if cli is not None else holder.get("trainer")
     best = _best(trainer, plan, recorder)
     result.attrs.update(best, seconds=round(time.monotonic() - start, 1))
@@ -321,9 +307,26 @@ def _run_trial(
     return result
 
 
+def _failure(err: BaseException) -> TrialResult:
+    """A FAIL with its one-line reason and kind: ``diverged`` (non-finite loss or metric),
+    ``out_of_memory``, ``refused`` (a value the model or fit's checks refuse) or ``error``."""
+    from bft_lightning.utils.errors import one_line
+
+    if isinstance(err, FloatingPointError):
+        return TrialResult("fail", reason=str(err), kind="diverged")
+    if isinstance(err, SystemExit):  # fit's own launch checks
+        return TrialResult("fail", reason=str(err.code), kind="refused")
+    text = one_line(err)
+    if isinstance(err, MemoryError) or "out of memory" in text.lower():
+        return TrialResult("fail", reason=f"out of memory: {text}", kind="out_of_memory")
+    if isinstance(err, ValueError | TypeError) or type(err).__name__ == "ArgumentError":
+        return TrialResult("fail", reason=text, kind="refused")
+    return TrialResult("fail", reason=f"{type(err).__name__}: {text}", kind="error")
+
+
 def _best(trainer: Any, plan: Plan, recorder: _TrialRecorder) -> dict[str, Any]:
     """The run folder, best checkpoint, its epoch and value of the monitor."""
-    out: dict[str, Any] = {"intermediate": recorder.values}
+    out: dict[str, Any] = {"validations": recorder.values}
     if trainer is not None and trainer.log_dir:
         out["run_dir"] = str(trainer.log_dir)
     if recorder.values:

@@ -86,3 +86,18 @@ def test_two_workers_share_one_study_and_stop_at_the_budget(tmp_path: Path) -> N
     pids = {t.user_attrs.get("worker") for t in done}
     assert len(pids) == 2  # both workers ran trials
     assert (tmp_path / "out" / "best.yaml").is_file()
+
+
+def test_journal_storage_runs_a_study(tmp_path: Path) -> None:
+    args = _args(tmp_path, trials=2)
+    args[args.index("--storage") + 1] = f"journal:{tmp_path / 'study.log'}"
+    proc = tune_process(args, REPO, tmp_path / "tune.log")
+    proc.wait(timeout=300)
+    output = (tmp_path / "tune.log").read_text()
+    assert proc.returncode == 0, output
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.log"))
+    )
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    assert trials[0].params != trials[1].params

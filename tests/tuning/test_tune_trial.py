@@ -51,6 +51,8 @@ def test_monitor_and_mode_come_from_the_config() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"--monitor val/hr@10: the config's ModelCheckpoint"):
         plan_study(["--config", CONFIG], "val/hr@10")
+    with pytest.raises(ValueError, match=r"max_epochs=1 ends every trial before its first valid"):
+        plan_study(["--config", CONFIG, "--trainer.max_epochs=1"], None)  # validates every 2
 
 
 def test_a_monitor_other_than_the_checkpoints_exits_2(tmp_path: Path, capsys) -> None:
