@@ -65,9 +65,8 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, after = argv[:cut], argv[cut + 1 :]
     opts, extra = parser().parse_known_args(argv)
-    stray = [a for a in extra if not a.startswith("--")]
-    if stray and (not extra or not extra[0].startswith("--")):
-        parser().error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra and not extra[0].startswith("--"):  # a value with no option before it
+        parser().error(f"unrecognized arguments: {' '.join(extra)}")
     if opts.trials < 1:
         parser().error(f"--trials must be >= 1, got {opts.trials}")
     if opts.workers < 1:

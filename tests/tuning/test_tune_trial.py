@@ -76,3 +76,25 @@ def test_sampler_seed_depends_on_trial_count_and_worker_only() -> None:
     assert same[0] == same[1]
     others = {first_draw(make_sampler(0, n, w)) for n, w in [(0, 0), (1, 0), (0, 1), (5, 0)]}
     assert len(others) == 4 and same[0] in others
+
+
+def test_twin_studies_draw_the_same_shared_values_in_their_first_trials() -> None:
+    """With one sampler seed, trial n of the off and on studies (TPE's random start-up
+    trials) takes the same values for every option the two spaces share."""
+    from bft_lightning.tuning.space import load_space
+
+    search = Path(__file__).resolve().parents[2] / "configs" / "search"
+    draws = {}
+    for twin in ("off", "on"):
+        space = load_space(search / f"sasrec_{twin}.yaml")
+        study = optuna.create_study(direction="maximize")
+        draws[twin] = []
+        for n in range(6):
+            study.sampler = make_sampler(0, n, 0)
+            trial = study.ask()
+            draws[twin].append(space.sample(trial))
+            study.tell(trial, float(n % 3))
+    for off, on in zip(draws["off"], draws["on"], strict=True):
+        assert {k: on[k] for k in off} == off
+        assert set(on) - set(off)  # plus BFT's own options
+    assert len({d["model.init_args.lr"] for d in draws["off"]}) == 6
