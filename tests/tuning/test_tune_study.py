@@ -106,6 +106,17 @@ def test_rerun_of_a_finished_study_only_reports(study_run: dict, capsys) -> None
     assert len(_trials(study_run)) == 3
 
 
+def test_rerun_with_another_space_is_refused(study_run: dict, capsys) -> None:
+    args = list(study_run["args"])
+    other = write(
+        study_run["tmp"] / "other.yaml", f"{LR}: {{type: categorical, choices: [0.01]}}\n"
+    )
+    args[args.index("--search") + 1] = str(other)
+    code, out, err = tune(args, capsys)
+    assert code == 2 and "trial" not in out
+    assert err.startswith("error: --study-name tiny: the stored study was made with another search")
+
+
 def test_all_trials_refused_exits_2(tmp_path: Path, capsys) -> None:
     space = write(tmp_path / "space.yaml", f"{LR}: {{type: float, low: -2.0, high: -1.0}}\n")
     code, out, _ = tune(

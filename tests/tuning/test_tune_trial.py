@@ -98,3 +98,36 @@ def test_twin_studies_draw_the_same_shared_values_in_their_first_trials() -> Non
         assert {k: on[k] for k in off} == off
         assert set(on) - set(off)  # plus BFT's own options
     assert len({d["model.init_args.lr"] for d in draws["off"]}) == 6
+
+
+@pytest.mark.parametrize(
+    ("err", "kind", "reason"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+         "out_of_memory", "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB"),
+        (MemoryError(), "out_of_memory", "out of memory: MemoryError"),
+        (FloatingPointError("diverged: loss nan"), "diverged", "diverged: loss nan"),
+        (ValueError("dropout must be in [0, 1)"), "refused", "dropout must be in [0, 1)"),
+        (SystemExit("NODE_RANK=3 but num_nodes=1"), "refused", "NODE_RANK=3 but num_nodes=1"),
+        (RuntimeError("shape mismatch"), "error", "RuntimeError: shape mismatch"),
+    ],
+)  # fmt: skip
+def test_failures_are_classified_with_a_one_line_reason(err, kind, reason) -> None:
+    from bft_lightning.tuning.trial import _failure
+
+    result = _failure(err)
+    assert (result.state, result.kind, result.reason) == ("fail", kind, reason)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", ["sasrec", "bert4rec", "hstu"])
+@pytest.mark.parametrize("twin", ["off", "on"])
+def test_shipped_spaces_are_options_of_their_models(backbone: str, twin: str) -> None:
+    """Every key of configs/search/<backbone>_<twin>.yaml, at each end and choice, parses."""
+    from bft_lightning.tuning.space import load_space
+    from bft_lightning.tuning.trial import check_keys
+
+    repo = Path(__file__).resolve().parents[2]
+    space = load_space(repo / "configs" / "search" / f"{backbone}_{twin}.yaml")
+    config = repo / "configs" / "experiments" / f"{backbone}_{twin}_synthetic.yaml"
+    check_keys(plan_study(["--config", str(config)], None), space)
