@@ -758,7 +758,8 @@ def write_summary(res: Path) -> None:
     (``tuned``; the rows of ``selected/*.json``, written by ``select_by_validation.py``,
     are; a table's own rows, one fixed setting, are not), the share of training items
     replaced by random ones (``noise``), the metric the choice was made on
-    (``chosen_by``), and the paired deltas to the off twin with their SEs overall, on
+    (``chosen_by``; rows of ``tuned/*.json``, written by ``tune_twins.py``, carry the
+    trial budget, ``trials``, too), and the paired deltas to the off twin with their SEs overall, on
     the rarest item quartile (``q0``) and on the coldest users (``cold``); the off twin's
     own rows carry None there.
     """
@@ -773,6 +774,9 @@ def write_summary(res: Path) -> None:
             rows.append(out)
     for sel in sorted((res / "selected").glob("*.json")):
         rows.extend(selected_rows(sel))
+    # twins tuned at the same budget (bench/tune_twins.py writes these rows itself)
+    for tuned in sorted((res / "tuned").glob("*.json")):
+        rows.extend(json.loads(tuned.read_text()).get("summary_rows", []))
     write_text_atomic(res / "summary.json", json.dumps(rows, indent=1))
 
 

@@ -33,6 +33,7 @@ _MAIN_HELP = """Train and evaluate sequential recommenders and language models w
   python -m bft_lightning fit  --config configs/experiments/sasrec_on_synthetic.yaml
   python -m bft_lightning fit  --config ... --ckpt_path last    # continue that run
   python -m bft_lightning test --config ... --ckpt_path best    # test its best checkpoint
+  python -m bft_lightning tune --config ... --search configs/search/sasrec_off.yaml --trials 12
 
 `<subcommand> --help` leads with the options that matter; --debug shows tracebacks."""
 
@@ -276,17 +277,30 @@ class _LeadFormatter(DefaultHelpFormatter):
         return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
-def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool = True) -> Any:
+def main(
+    args: list[str] | None = None,
+    run: bool = True,
+    *,
+    exit_on_error: bool = True,
+    cli_class: type[BFTCLI] = BFTCLI,
+) -> Any:
     """The CLI; ``args`` replaces ``sys.argv[1:]`` (for tests). Errors propagate.
 
     ``exit_on_error=False`` makes a parse error raise (jsonargparse's
     ``ArgumentError``) instead of printing the usage and exiting; :func:`entry`
-    uses it to print one line instead.
+    uses it to print one line instead. ``cli_class``: a subclass of
+    :class:`BFTCLI` (``tune`` runs each trial's ``fit`` through one that adds its
+    pruning callbacks, so a trial is built exactly as ``fit`` builds a run).
 
-    ``recommend`` runs :mod:`bft_lightning.serving.cli` and ``calibrate``
-    :mod:`bft_lightning.serving.calibrate_cli`; each exits with its status.
+    ``recommend`` runs :mod:`bft_lightning.serving.cli`, ``calibrate``
+    :mod:`bft_lightning.serving.calibrate_cli` and ``tune``
+    :mod:`bft_lightning.tuning.cli`; each exits with its status.
     """
     argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] == "tune":
+        from bft_lightning.tuning.cli import main as tune
+
+        raise SystemExit(tune(argv[1:]))
     if argv and argv[0] == "recommend":
         from bft_lightning.serving.cli import main as recommend
 
@@ -301,7 +315,7 @@ def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool
         "description": _MAIN_HELP, **per_command,
     }  # fmt: skip
     parser_kwargs.update({name: dict(per_command) for name in _USAGE})
-    return BFTCLI(
+    return cli_class(
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},

@@ -1,0 +1,195 @@
+"""The off and on twins compared at the same tuning budget, then paired on test.
+
+1. Two ``tune`` studies (``python -m bft_lightning tune``, docs/tune.md): the off twin
+   on ``configs/search/<backbone>_off.yaml``, BFT on ``<backbone>_on.yaml`` (the off
+   space plus BFT's own options, through ``extends``), each from its experiment config
+   ``configs/experiments/<backbone>_<off|on>_<dataset>.yaml``, with the same sampler
+   seed, trial budget, pruner, data and shared overrides.
+2. Each twin's best configuration retrained with every seed and tested, through
+   ``bench/reproduce_rec.py``'s ``run_one`` (its per-user ranks, run folders and
+   resumability); the paired comparison on the same test users (overall, the
+   rarest-item quartile Q0, the coldest users) through its ``summarise``.
+3. ``<results-dir>/tuned/<dataset>_<backbone>.md`` (+ ``.json``, ``.png``): the two
+   studies' best trials and the paired table; its rows, in ``summary.json``'s schema
+   with ``tuned: true`` and ``trials``, are added to ``<results-dir>/summary.json``.
+
+The studies' storage (SQLite databases) and their reports (``best.yaml``, trials
+tables, plots) go to ``--storage-dir`` (default ``<results-dir>/tune``), small enough
+to commit; the trials' and retrainings' run folders (checkpoints) to ``--runs-dir``.
+Every step resumes: a rerun continues the studies and trains only missing seeds.
+
+    OMP_WAIT_POLICY=PASSIVE python bench/tune_twins.py --dataset beauty --backbone sasrec \\
+        --trials 24 --seeds 0 1 2 --pruner median --sampler-seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reproduce_rec as rr  # noqa: E402  (a sibling script, not a package)
+
+from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "configs" / "experiments"
+TWINS = {"off": "off", "on": "tuned_on"}  # twin -> reproduce_rec variant
+rr.VARIANTS.setdefault("tuned_on", ("on", []))  # the on twin at its tuned values only
+
+
+def study_args(args: argparse.Namespace, twin: str) -> list[str]:
+    """The ``tune`` command line of one twin's study (the same for both but the files)."""
+    name = f"{args.dataset}_{args.backbone}_{twin}"
+    storage = Path(args.storage_dir)
+    return [
+        "--config", str(EXPERIMENTS / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
+        "--search", str(ROOT / "configs" / "search" / f"{args.backbone}_{twin}.yaml"),
+        "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
+        "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
+        "--workers", str(args.jobs), "--out", str(storage / name),
+        *shared_overrides(args),
+        f"--trainer.logger.init_args.save_dir={Path(args.runs_dir) / 'tune'}",
+        "--trainer.logger.init_args.name=trials",
+    ]  # fmt: skip
+
+
+def shared_overrides(args: argparse.Namespace) -> list[str]:
+    """What both studies and every retraining share (data, epochs, loss normalization)."""
+    out = [
+        f"--trainer.max_epochs={args.max_epochs}",
+        f"--data.init_args.data_root={args.data_root}",
+        f"--model.init_args.loss_normalization={args.loss_normalization}",
+    ]
+    if args.noise:
+        out.append(f"--data.init_args.train_noise={args.noise}")
+    if args.accelerator:
+        out.append(f"--trainer.accelerator={args.accelerator}")
+    return out + list(args.override)
+
+
+def run_study(args: argparse.Namespace, twin: str) -> dict[str, Any]:
+    """Run (or continue) one twin's study; its best trial's values and value."""
+    import optuna
+
+    from bft_lightning.tuning.cli import main as tune
+
+    code = tune(study_args(args, twin))
+    if code != 0:
+        raise SystemExit(f"the {twin} twin's study ended with exit status {code}")
+    name = f"{args.dataset}_{args.backbone}_{twin}"
+    storage = f"sqlite:///{Path(args.storage_dir) / name}.db"
+    study = optuna.load_study(study_name=name, storage=storage)
+    best = study.best_trial
+    meta = study.user_attrs.get("bft_tune", {})
+    return {
+        "study": name, "storage": storage, "trial": best.number, "value": best.value,
+        "monitor": meta.get("monitor"), "values": best.user_attrs.get("values", best.params),
+    }  # fmt: skip
+
+
+def retrain_args(args: argparse.Namespace, best: dict[str, Any]) -> argparse.Namespace:
+    """``reproduce_rec``'s arguments for the retraining of one twin's best values."""
+    from bft_lightning.tuning.space import to_override
+
+    out = copy.copy(args)
+    values = [to_override(k, v) for k, v in best["values"].items()]
+    extra = [o for o in shared_overrides(args) if "max_epochs" not in o and "data_root" not in o
+             and "loss_normalization" not in o and "accelerator" not in o]  # fmt: skip
+    out.override = extra + values  # run_one adds epochs, data root, normalization itself
+    out.tag = "tuned"
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--dataset", default="beauty", help="a configs/experiments/<backbone>_*_<dataset>.yaml"
+    )
+    p.add_argument("--backbone", default="sasrec", choices=["sasrec", "bert4rec", "hstu"])
+    p.add_argument("--trials", type=int, default=24, help="each study's budget")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="retraining seeds")
+    p.add_argument("--pruner", default="median", choices=["median", "asha", "hyperband", "none"])
+    p.add_argument("--sampler-seed", type=int, default=0)
+    p.add_argument("--max-epochs", type=int, default=200)
+    p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--results-dir", default=str(ROOT / "results" / "rec"))
+    p.add_argument("--storage-dir", default=None, help="default: <results-dir>/tune")
+    p.add_argument("--runs-dir", default=str(ROOT / "logs" / "tune_twins"))
+    p.add_argument("--jobs", type=int, default=1, help="tune workers per study (processes)")
+    p.add_argument("--noise", type=float, default=0.0, help="the data's train_noise, both twins")
+    p.add_argument("--accelerator", default=None)
+    p.add_argument(
+        "--loss-normalization", choices=["targets", "rows"], default="targets",
+        help="as reproduce_rec.py's (its tables use 'targets')",
+    )  # fmt: skip
+    p.add_argument(
+        "--override", action="append", default=[],
+        help="a fit option for both studies and every retraining, as --override=--data.x=1",
+    )  # fmt: skip
+    args = p.parse_args()
+    args.storage_dir = args.storage_dir or str(Path(args.results_dir) / "tune")
+    threads = os.environ.get("OMP_NUM_THREADS")
+    args.command = (
+        "OMP_WAIT_POLICY=PASSIVE " + (f"OMP_NUM_THREADS={threads} " if threads else "")
+        + "python bench/tune_twins.py " + " ".join(sys.argv[1:])
+    )  # fmt: skip
+    best = {twin: run_study(args, twin) for twin in TWINS}
+    base = Path(args.runs_dir) / f"{args.dataset}_{args.backbone}_t{args.trials}"
+    for seed in args.seeds:
+        for twin, variant in TWINS.items():
+            out = base / f"{variant}_s{seed}"
+            out.mkdir(parents=True, exist_ok=True)
+            rr.run_one(retrain_args(args, best[twin]), variant, seed, out)
+    runs = rr.load_runs(base, list(TWINS.values()))
+    report(args, best, runs)
+
+
+def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
+    """The paired table (reproduce_rec's), the studies' best trials, and summary rows."""
+    res = Path(args.results_dir)
+    out = res / "tuned" / f"{args.dataset}_{args.backbone}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shown = copy.copy(args)
+    shown.tag = f"tuned, {args.trials} trials a twin"
+    rows = rr.summarise(shown, runs, sorted(args.seeds), res)
+    rr.write_markdown(shown, rows, out.with_suffix(".md"))
+    rr.plot(rows, out.with_suffix(".png"), f"{args.backbone} on {args.dataset}, tuned twins")
+    studies = ["", "## The studies", "",
+               f"Each twin searched its space with TPE (sampler seed {args.sampler_seed}), "
+               f"{args.trials} trials, pruner {args.pruner}; the best trial's values were "
+               "retrained with the seeds above.", "",
+               "| twin | study (storage) | best trial | best validation | values |",
+               "|---|---|---|---|---|"]  # fmt: skip
+    for twin, b in best.items():
+        values = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in b["values"].items())
+        studies.append(
+            f"| {twin} | {b['study']} (`{b['storage']}`) | {b['trial']} | "
+            f"{b['monitor']} {b['value']:.4f} | {values} |"
+        )
+    text = out.with_suffix(".md").read_text() + "\n".join(studies) + "\n"
+    write_text_atomic(out.with_suffix(".md"), text)
+    summary_rows = []
+    for row in rows:
+        twin = "off" if row["variant"] == "off" else "on"
+        summary = {k: row.get(k) for k in rr.SUMMARY_KEYS}
+        summary.update(
+            tag=f"tuned/{args.dataset}_{args.backbone}", variant=twin, tuned=True,
+            noise=float(args.noise), chosen_by=f"{best[twin]['monitor']} (best of "
+            f"{args.trials} trials, TPE seed {args.sampler_seed}, pruner {args.pruner})",
+            trials=args.trials, setting=best[twin]["values"], study=best[twin]["study"],
+        )  # fmt: skip
+        summary_rows.append(summary)
+    doc = {"command": args.command, "studies": best, "rows": rows, "summary_rows": summary_rows}
+    write_text_atomic(out.with_suffix(".json"), json.dumps(doc, indent=1, default=str))
+    rr.write_summary(res)
+    print(out.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

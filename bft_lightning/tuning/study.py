@@ -1,0 +1,201 @@
+"""The study: its storage, sampler and pruner, and the loop that spends the budget.
+
+The budget is a number of *finished* trials: complete, pruned, or failed with a
+reason (a divergence, a refused value, out of memory). A trial whose process
+was killed is not one of them: with an RDB storage (SQLite, PostgreSQL,
+MySQL) every running trial writes a heartbeat, and the next worker to start
+on the study marks a trial whose heartbeat stopped as failed and enqueues it
+again with the same parameters (Optuna's ``RetryHeartbeatStaleTrialCallback``), so a
+rerun of the same command retries it.
+
+Several workers (processes, machines) share one study through its storage.
+Before each trial a worker counts the finished and running trials; after it
+draws a trial number, it checks that fewer than ``budget`` finished or running
+trials come before it, so that workers racing for the last slot never run one
+trial too many (the loser's trial is recorded as failed with the user attribute
+``over_budget`` and left out of every count and table).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = [
+    "HEARTBEAT_S",
+    "counted",
+    "make_pruner",
+    "make_sampler",
+    "make_storage",
+    "open_study",
+    "run_worker",
+]
+
+HEARTBEAT_S = 10.0  # seconds between a running trial's heartbeats; stale after 3x
+MAX_RETRY = 3  # a trial killed this many times is not enqueued again
+PRUNERS = ("median", "asha", "hyperband", "none")
+
+
+def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
+    """An Optuna storage from a URL: ``sqlite:///file.db``, ``postgresql://...``,
+    ``mysql://...`` (RDB, with heartbeats), or ``journal:FILE`` (Optuna's journal
+    file, for file systems where SQLite locking is unreliable; no heartbeat)."""
+    from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(url.removeprefix("journal:"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    if "://" not in url:
+        raise ValueError(
+            f"--storage {url}: not a storage URL (sqlite:///FILE.db, postgresql://..., "
+            "mysql://..., or journal:FILE)"
+        )
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return RDBStorage(
+            url,
+            heartbeat_interval=max(1, round(heartbeat)),
+            grace_period=max(2, round(3 * heartbeat)),
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+        )
+    except ImportError as err:  # a driver (psycopg2, pymysql) that is not installed
+        raise ValueError(f"--storage {url}: {err}") from None
+
+
+def make_sampler(seed: int, trials_so_far: int = 0, worker: int = 0) -> optuna.samplers.BaseSampler:
+    """TPE seeded from (``--sampler-seed``, the number of trials in the study, the worker).
+
+    A new sampler for each trial: a study run straight through draws the same values
+    for the same seed, while a rerun after a kill, or a second worker, does not restart
+    the random stream at the first trial's values (a sampler seeded once per process
+    would draw trial 0's values again).
+    """
+    state = np.random.SeedSequence([seed, trials_so_far, worker]).generate_state(1)[0]
+    return optuna.samplers.TPESampler(seed=int(state))
+
+
+def make_pruner(name: str, budget: int, max_epochs: int | None) -> optuna.pruners.BasePruner:
+    """``median``: stop a trial below the median of earlier trials at the same epoch
+    (after the first ``min(5, budget // 4)`` trials, at least 1); ``asha``
+    (successive halving) and ``hyperband`` over epochs 1..max_epochs; ``none``."""
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=max(1, min(5, budget // 4)))
+    if name == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=1, max_resource=max_epochs or "auto", reduction_factor=3
+        )
+    raise ValueError(f"--pruner {name}: one of {', '.join(PRUNERS)}")
+
+
+def open_study(name: str, storage: Any, direction: Any, sampler: Any, pruner: Any,
+               meta: dict[str, Any]) -> optuna.Study:  # fmt: skip
+    """Create or load the study; a loaded one must be of the same search and config."""
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction=direction, sampler=sampler, pruner=pruner,
+        load_if_exists=True,
+    )  # fmt: skip
+    if study.direction.name.lower() != direction:
+        raise ValueError(
+            f"--study-name {name}: the stored study {study.direction.name.lower()}s; "
+            f"this command's monitor wants {direction} (use another --study-name)"
+        )
+    saved = study.user_attrs.get("bft_tune")
+    if saved is None:
+        study.set_user_attr("bft_tune", meta)
+    elif {k: saved.get(k) for k in meta} != meta:
+        differ = sorted(k for k in meta if saved.get(k) != meta[k])
+        raise ValueError(
+            f"--study-name {name}: the stored study was made with another {', '.join(differ)} "
+            f"({', '.join(f'{k}={saved.get(k)!r}' for k in differ)}); rerun it with the same "
+            "command, or use another --study-name"
+        )
+    return study
+
+
+def counts(t: FrozenTrial) -> bool:
+    """Whether a trial is spent budget (a killed trial's FAIL has no reason)."""
+    if t.user_attrs.get("over_budget"):
+        return False
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return t.state == TrialState.FAIL and bool(t.user_attrs.get("fail_reason"))
+
+
+def counted(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if counts(t)]
+
+
+class OverBudget(Exception):
+    """This worker lost the race for the budget's last trial."""
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    from optuna.storages import fail_stale_trials
+
+    try:
+        fail_stale_trials(study)
+    except NotImplementedError:  # a storage without heartbeats
+        pass
+
+
+def run_worker(
+    study: optuna.Study,
+    budget: int,
+    objective: Callable[[optuna.Trial], float],
+    on_trial: Callable[[FrozenTrial], None],
+    heartbeat: bool = True,
+    seed: int = 0,
+    worker: int = 0,
+    poll: float = 2.0,
+) -> None:
+    """Run trials until ``budget`` finished trials are in the study.
+
+    While the budget is covered by finished plus running trials (of this or other
+    workers, or killed ones whose heartbeat has not yet gone stale), waits for them;
+    without heartbeats (``journal:``) a running trial cannot be told from a killed
+    one, and the worker stops instead.
+    """
+    from bft_lightning.tuning.trial import TrialFailed
+
+    def guarded(trial: optuna.Trial) -> float:
+        ahead = [
+            t for t in study.get_trials(deepcopy=False)
+            if t.number < trial.number and (counts(t) or t.state == TrialState.RUNNING)
+        ]  # fmt: skip
+        if len(ahead) >= budget:
+            trial.set_user_attr("over_budget", True)
+            raise OverBudget
+        return objective(trial)
+
+    def report(study: optuna.Study, frozen: FrozenTrial) -> None:
+        if not frozen.user_attrs.get("over_budget"):
+            on_trial(frozen)
+
+    while True:
+        _fail_stale(study)
+        trials = study.get_trials(deepcopy=False)
+        done = sum(counts(t) for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        if done >= budget:
+            return
+        if done + running >= budget:
+            if not heartbeat:
+                return
+            time.sleep(poll)
+            continue
+        study.sampler = make_sampler(seed, len(trials), worker)
+        study.optimize(guarded, n_trials=1, catch=(TrialFailed, OverBudget), callbacks=[report])

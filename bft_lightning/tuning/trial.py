@@ -1,0 +1,341 @@
+"""One trial: a ``fit`` run built and run by the ``fit`` command's own CLI.
+
+The trial's command line is ``fit`` plus the study's ``--config`` files and
+overrides plus the sampled values as overrides, so a trial is composed,
+checked, logged and checkpointed exactly as ``python -m bft_lightning fit``
+would do it; :class:`_TrialCLI` only adds the pruning callback and a
+divergence check to the trainer. The run lands in its own folder (the
+logger's ``version`` pinned to ``<study>_trial<N>``).
+
+This is the one module of :mod:`bft_lightning.tuning` that imports
+:mod:`bft_lightning.cli` (lazily, inside functions): a trial needs the
+LightningCLI, the search space and the study do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+__all__ = ["Plan", "TrialResult", "compose", "plan_study", "run_trial"]
+
+
+@dataclass
+class Plan:
+    """What every trial of a study shares, read once from the composed config."""
+
+    base: list[str]  # --config files and overrides, as fit takes them
+    monitor: str
+    mode: str  # max | min
+    save_dir: str  # the logger's folder ("logs"); tune's default storage lives below it
+    versioned: bool  # whether the logger takes a version (the trial's run folder)
+    max_epochs: int | None
+
+
+@dataclass
+class TrialResult:
+    state: str  # complete | pruned | fail
+    value: float | None = None
+    reason: str | None = None
+    kind: str | None = None  # fail: diverged | out_of_memory | refused | error
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+class TrialFailed(Exception):
+    """Raised out of the objective so that Optuna records the trial as FAIL."""
+
+
+def _parse_only_class() -> type:
+    from bft_lightning.cli import BFTCLI
+
+    class _Parsed(Exception):
+        pass
+
+    class ParseOnly(BFTCLI):
+        """Parses (all of ``fit``'s checks of the command line), instantiates nothing."""
+
+        def before_instantiate_classes(self) -> None:
+            raise _Parsed(self)
+
+    ParseOnly.Parsed = _Parsed  # type: ignore[attr-defined]
+    return ParseOnly
+
+
+def compose(argv: list[str]) -> tuple[Any, Any]:
+    """(``fit``'s parser, the composed config) of ``fit`` + ``argv``; nothing is built."""
+    from bft_lightning.cli import main
+
+    klass = _parse_only_class()
+    try:
+        with _quiet(None):
+            main(["fit", *argv], exit_on_error=False, cli_class=klass)
+    except klass.Parsed as done:  # type: ignore[attr-defined]
+        cli = done.args[0]
+        return cli._parser("fit"), cli.config["fit"]
+    raise RuntimeError("the fit command line was not parsed")  # pragma: no cover
+
+
+def config_yaml(argv: list[str]) -> str:
+    """The complete config of ``fit`` + ``argv``, as ``fit --config`` reads it back."""
+    parser, config = compose(argv)
+    return str(parser.dump(config, skip_none=False))
+
+
+def _callbacks(config: Any) -> list[tuple[str, Any]]:
+    out = []
+    for cb in config.get("trainer", {}).get("callbacks") or []:
+        path = str(cb.get("class_path", "")) if hasattr(cb, "get") else type(cb).__name__
+        out.append((path.rsplit(".", 1)[-1], cb.get("init_args") if hasattr(cb, "get") else cb))
+    return out
+
+
+def plan_study(base: list[str], monitor: str | None) -> Plan:
+    """Read the metric ``fit`` stops and checkpoints on, its mode, and the run folders.
+
+    ``monitor`` None: the metric of the config's ``ModelCheckpoint`` (else its
+    ``EarlyStopping``, else ``val/ndcg@10``). A ``monitor`` given must agree with
+    the checkpoint's: the trial's best checkpoint and its value are that metric's.
+    """
+    _, config = compose(base)
+    watched = [
+        (name, str(args.get("monitor")), str(args.get("mode") or "min"))
+        for name, args in _callbacks(config)
+        if name in ("ModelCheckpoint", "EarlyStopping") and args is not None and args.get("monitor")
+    ]
+    checkpoint = next((w for w in watched if w[0] == "ModelCheckpoint"), None)
+    if monitor is not None and checkpoint is not None and checkpoint[1] != monitor:
+        raise ValueError(
+            f"--monitor {monitor}: the config's ModelCheckpoint monitors {checkpoint[1]}; a "
+            "trial's best checkpoint and value would be chosen on another metric than the "
+            "study's (change the config's callbacks, or leave --monitor out)"
+        )
+    chosen = checkpoint or (watched[0] if watched else None)
+    name = monitor or (chosen[1] if chosen else "val/ndcg@10")
+    mode = chosen[2] if chosen and chosen[1] == name else ("min" if "loss" in name else "max")
+    if mode not in ("min", "max"):
+        raise ValueError(f"the config's {chosen[0] if chosen else 'callback'} mode {mode!r}")
+    if not name.startswith("val"):
+        raise ValueError(
+            f"--monitor {name}: trials are compared and pruned on a validation metric "
+            "(val/...), logged at each validation"
+        )
+    trainer = config.get("trainer", {})
+    logger = trainer.get("logger")
+    logger = logger[0] if isinstance(logger, list) and logger else logger
+    init = logger.get("init_args") if hasattr(logger, "get") else None
+    save_dir = str(init.get("save_dir")) if init is not None and init.get("save_dir") else "logs"
+    versioned = init is not None and "version" in init
+    max_epochs = trainer.get("max_epochs")
+    every = trainer.get("check_val_every_n_epoch") or 1
+    if max_epochs is not None and 0 < max_epochs < every:
+        raise ValueError(
+            f"trainer.max_epochs={max_epochs} ends every trial before its first validation "
+            f"(check_val_every_n_epoch={every}): no {name} to compare or prune on"
+        )
+    return Plan(list(base), name, mode, save_dir, versioned, max_epochs)
+
+
+def check_keys(plan: Plan, space: Any) -> None:
+    """Parse the config with every parameter of the space at each of its probe values.
+
+    An option the model does not have, or a value of the wrong type, stops the study
+    here, before any trial, with the space file's line of that key.
+    """
+    rounds = max(len(p.probe_values()) for p in space.params)
+    for i in range(rounds):
+        values = {p.key: p.probe_values()[i % len(p.probe_values())] for p in space.params}
+        message = _refusal([*plan.base, *space.overrides(values)])
+        if message is None:
+            continue
+        culprit = next((p for p in space.params if _names(message, p.key)), None)
+        if culprit is None:  # locate it: one key at a time
+            culprit = next(
+                (p for p in space.params
+                 if _refusal([*plan.base, *space.overrides({p.key: values[p.key]})])),
+                None,
+            )  # fmt: skip
+        unknown = re.search(r"Option '([^']+)' is not accepted", message)
+        if unknown:
+            message = f"not an option of the model or data (fit's parser: {unknown.group(0)})"
+        where = culprit.where() if culprit else space.path
+        shown = f" = {values[culprit.key]!r}" if culprit and not unknown else ""
+        raise ValueError(f"{where}{shown}: the fit command line refuses it: {message}")
+
+
+def _refusal(argv: list[str]) -> str | None:
+    """Why fit's parser refuses ``argv`` (one line), or None."""
+    from jsonargparse import ArgumentError
+
+    from bft_lightning.utils.errors import one_line
+
+    try:
+        compose(argv)
+    except (ArgumentError, ValueError) as err:
+        return one_line(err)
+    except SystemExit as err:
+        return str(err.code)
+    return None
+
+
+def _names(message: str, key: str) -> bool:
+    last = key.rsplit(".", 1)[-1]
+    return key in message or f'"{last}"' in message or f"--{key}" in message
+
+
+class _TrialRecorder(Callback):
+    """Each validation's value of the monitor; a non-finite loss or metric ends the trial."""
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor = monitor
+        self.values: list[tuple[int, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and not bool(loss.detach().isfinite().all()):
+            raise FloatingPointError(
+                f"diverged: training loss {float(loss.detach().float().mean())} at epoch "
+                f"{trainer.current_epoch}, step {trainer.global_step}"
+            )
+
+    def on_validation_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            return
+        value = float(value)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"diverged: {self.monitor} = {value} at epoch {pl_module.current_epoch}"
+            )
+        self.values.append((int(pl_module.current_epoch) + 1, value))  # epochs from 1
+
+
+def _trial_cli_class(extra: list[Callback]) -> type:
+    from bft_lightning.cli import BFTCLI
+
+    class TrialCLI(BFTCLI):
+        def instantiate_trainer(self, **kwargs: Any) -> Any:
+            trainer = super().instantiate_trainer(**kwargs)
+            trainer.callbacks.extend(extra)  # type: ignore[attr-defined]
+            return trainer
+
+    return TrialCLI
+
+
+def run_trial(
+    trial: Any, plan: Plan, overrides: list[str], version: str, prune: bool, log: Path
+) -> TrialResult:
+    """``fit`` with the trial's values; every outcome is a :class:`TrialResult`.
+
+    What ``fit`` prints goes to ``log`` (Lightning's info messages are held back),
+    so that the study prints one line per trial."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as stream, _quiet(stream):
+        return _run_trial(trial, plan, overrides, version, prune)
+
+
+@contextlib.contextmanager
+def _quiet(stream: Any) -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(stream) if stream is not None else contextlib.nullcontext():
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _run_trial(
+    trial: Any, plan: Plan, overrides: list[str], version: str, prune: bool
+) -> TrialResult:
+    import optuna
+
+    from bft_lightning.cli import main
+
+    recorder = _TrialRecorder(plan.monitor)
+    extra: list[Callback] = [recorder]
+    if prune:
+        from optuna_integration import PyTorchLightningPruningCallback
+
+        extra.append(PyTorchLightningPruningCallback(trial, monitor=plan.monitor))
+    argv = ["fit", *plan.base, *overrides, "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false"]  # fmt: skip
+    if plan.versioned:
+        argv.append(f"--trainer.logger.init_args.version={version}")
+    start = time.monotonic()
+    cli = None
+    holder: dict[str, Any] = {}
+
+    class Keep(Callback):  # the trainer, even when fit stops with an exception
+        def setup(self, trainer, pl_module, stage):  # type: ignore[no-untyped-def]
+            holder["trainer"] = trainer
+            if trainer.log_dir:
+                trial.set_user_attr("run_dir", str(trainer.log_dir))
+
+    extra.append(Keep())
+    result: TrialResult
+    try:
+        cli = main(argv, exit_on_error=False, cli_class=_trial_cli_class(extra))
+        result = TrialResult("complete")
+    except optuna.TrialPruned as err:
+        result = TrialResult("pruned", reason=str(err) or "pruned")
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - every failure is a trial result
+        result = _failure(err)
+    trainer = cli.trainer if cli is not None else holder.get("trainer")
+    best = _best(trainer, plan, recorder)
+    result.attrs.update(best, seconds=round(time.monotonic() - start, 1))
+    if result.state == "complete":
+        if best.get("best_value") is None:
+            return TrialResult(
+                "fail", reason=f"no {plan.monitor} was logged (no validation ran?)",
+                kind="refused", attrs=result.attrs,
+            )  # fmt: skip
+        result.value = best["best_value"]
+    return result
+
+
+def _failure(err: BaseException) -> TrialResult:
+    """A FAIL with its one-line reason and kind: ``diverged`` (non-finite loss or metric),
+    ``out_of_memory``, ``refused`` (a value the model or fit's checks refuse) or ``error``."""
+    from bft_lightning.utils.errors import one_line
+
+    if isinstance(err, FloatingPointError):
+        return TrialResult("fail", reason=str(err), kind="diverged")
+    if isinstance(err, SystemExit):  # fit's own launch checks
+        return TrialResult("fail", reason=str(err.code), kind="refused")
+    text = one_line(err)
+    if isinstance(err, MemoryError) or "out of memory" in text.lower():
+        return TrialResult("fail", reason=f"out of memory: {text}", kind="out_of_memory")
+    if isinstance(err, ValueError | TypeError) or type(err).__name__ == "ArgumentError":
+        return TrialResult("fail", reason=text, kind="refused")
+    return TrialResult("fail", reason=f"{type(err).__name__}: {text}", kind="error")
+
+
+def _best(trainer: Any, plan: Plan, recorder: _TrialRecorder) -> dict[str, Any]:
+    """The run folder, best checkpoint, its epoch and value of the monitor."""
+    out: dict[str, Any] = {"validations": recorder.values}
+    if trainer is not None and trainer.log_dir:
+        out["run_dir"] = str(trainer.log_dir)
+    if recorder.values:
+        pick = max if plan.mode == "max" else min
+        epoch, value = pick(recorder.values, key=lambda ev: ev[1])
+        out.update(best_epoch=epoch, best_value=value)
+    for cb in getattr(trainer, "checkpoint_callbacks", []) or []:
+        if getattr(cb, "monitor", None) == plan.monitor and cb.best_model_path:
+            out["best_ckpt"] = str(cb.best_model_path)
+            if cb.best_model_score is not None:
+                out["best_value"] = float(cb.best_model_score)
+    return out

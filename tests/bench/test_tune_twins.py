@@ -1,0 +1,78 @@
+"""bench/tune_twins.py: both twins' studies share everything but their files, and the
+whole pipeline (two studies, retraining with seeds, the paired table) on synthetic data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "tune_twins.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import tune_twins as tt  # noqa: E402
+
+TINY = [
+    "--override=--trainer.limit_train_batches=4", "--override=--trainer.limit_val_batches=1",
+    "--override=--trainer.check_val_every_n_epoch=1",
+    "--override=--data.init_args.synthetic_users=600",
+    "--override=--data.init_args.synthetic_items=200",
+]  # fmt: skip
+
+
+def _args(tmp: Path) -> argparse.Namespace:
+    return argparse.Namespace(
+        dataset="synthetic", backbone="sasrec", trials=5, pruner="asha", sampler_seed=3,
+        jobs=1, max_epochs=7, data_root="/data", storage_dir=str(tmp / "tune"),
+        runs_dir=str(tmp / "runs"), noise=0.1, accelerator=None, loss_normalization="targets",
+        override=["--trainer.limit_train_batches=4"],
+    )  # fmt: skip
+
+
+def test_the_twins_studies_differ_only_in_their_files(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    off, on = tt.study_args(args, "off"), tt.study_args(args, "on")
+    differ = [(a, b) for a, b in zip(off, on, strict=True) if a != b]
+    assert all("off" in a and "on" in b for a, b in differ)
+    assert len(differ) == 5  # config, search space, storage, study name, report folder
+    for shared in ("--sampler-seed", "--trials", "--pruner"):
+        assert off[off.index(shared) + 1] == on[on.index(shared) + 1]
+    assert "--data.init_args.train_noise=0.1" in off and "--trainer.max_epochs=7" in off
+    assert off[off.index("--search") + 1].endswith("configs/search/sasrec_off.yaml")
+
+
+@pytest.mark.slow
+def test_tune_twins_end_to_end(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, str(SCRIPT), "--dataset", "synthetic", "--backbone", "sasrec",
+        "--trials", "2", "--seeds", "0", "1", "--max-epochs", "2",
+        "--results-dir", str(tmp_path / "res"), "--runs-dir", str(tmp_path / "runs"), *TINY,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    res = tmp_path / "res"
+    assert (res / "tune" / "synthetic_sasrec_off.db").is_file()
+    assert (res / "tune" / "synthetic_sasrec_on" / "best.yaml").is_file()
+    doc = json.loads((res / "tuned" / "synthetic_sasrec.json").read_text())
+    summary = json.loads((res / "summary.json").read_text())
+    assert (
+        [r["variant"] for r in summary]
+        == ["off", "on"]
+        == [r["variant"] for r in doc["summary_rows"]]
+    )
+    on = summary[1]
+    assert on["tuned"] is True and on["trials"] == 2 and on["seeds"] == [0, 1]
+    for key in ("paired_delta_hr10", "paired_se_hr10", "paired_delta_hr10_q0",
+                "paired_delta_hr10_cold", "paired_delta_ndcg10"):  # fmt: skip
+        assert isinstance(on[key], float), key
+    assert summary[0]["paired_delta_hr10"] is None
+    assert on["setting"] == doc["studies"]["on"]["values"]
+    assert set(doc["studies"]["off"]["values"]) < set(on["setting"]) | {
+        "model.init_args.num_negatives"
+    }  # the on twin searched the off twin's options and its own
+    assert "## The studies" in (res / "tuned" / "synthetic_sasrec.md").read_text()

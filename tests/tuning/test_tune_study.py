@@ -1,0 +1,129 @@
+"""A tiny study end to end: trials through fit, a pruned one, a refused one, best.yaml."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from tune_helpers import CONFIG, tiny, tune, write
+
+from bft_lightning.cli import entry
+
+LR = "model.init_args.lr"
+
+
+@pytest.fixture(scope="module")
+def study_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """3 trials of 2 epochs, in this order: a good lr, a hopeless one (pruned by the
+    median of the first), a negative one (the model refuses it)."""
+    tmp = tmp_path_factory.mktemp("tune")
+    space = write(
+        tmp / "space.yaml", f"{LR}: {{type: categorical, choices: [0.01, 1.0e-7, -1.0]}}\n"
+    )
+    storage = f"sqlite:///{tmp}/study.db"
+    # the capture fixture is function-scoped: this module's study is captured by hand
+    study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    for lr in (0.01, 1e-7, -1.0):
+        study.enqueue_trial({LR: lr})
+    args = ["--config", CONFIG, "--search", str(space), "--trials", "3", "--storage", storage,
+            "--study-name", "tiny", "--out", str(tmp / "out"), *tiny(tmp)]  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with pytest.raises(SystemExit) as stop:
+            entry(["tune", *args])
+    return {"tmp": tmp, "code": stop.value.code, "out": out.getvalue(), "err": err.getvalue(),
+            "storage": storage, "args": args}  # fmt: skip
+
+
+def _trials(run: dict) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="tiny", storage=run["storage"]).get_trials()
+
+
+def test_study_runs_its_budget_and_prints_a_line_per_trial(study_run: dict) -> None:
+    assert study_run["code"] in (0, None), study_run["err"]
+    lines = [x for x in study_run["out"].splitlines() if x.startswith("trial ")]
+    assert [x.split()[1:3] for x in lines] == [["0", "COMPLETE"], ["1", "PRUNED"], ["2", "FAIL"]]
+    assert "lr=0.01" in lines[0] and lines[0].rstrip().endswith(" s")
+    trials = _trials(study_run)
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "FAIL"]
+
+
+def test_pruned_trial_stopped_after_its_first_validation(study_run: dict) -> None:
+    good, bad, _ = _trials(study_run)
+    assert sorted(bad.intermediate_values) == [0]  # epoch 0 only: pruned there
+    assert bad.intermediate_values[0] < good.intermediate_values[0]
+    assert len(good.intermediate_values) == 2
+
+
+def test_refused_value_is_a_failed_trial_with_its_reason(study_run: dict) -> None:
+    failed = _trials(study_run)[2]
+    assert failed.user_attrs["fail_kind"] == "refused"
+    assert "lr" in failed.user_attrs["fail_reason"]
+    line = next(x for x in study_run["out"].splitlines() if x.startswith("trial   2"))
+    assert line.endswith(failed.user_attrs["fail_reason"])
+
+
+def test_trial_records_run_folder_checkpoint_epoch_and_value(study_run: dict) -> None:
+    good = _trials(study_run)[0]
+    attrs = good.user_attrs
+    run_dir = Path(attrs["run_dir"])
+    assert run_dir.name == "tiny_trial000" and (run_dir / "config.yaml").is_file()
+    assert Path(attrs["best_ckpt"]).is_file() and Path(attrs["best_ckpt"]).parent.parent == run_dir
+    assert good.value == pytest.approx(attrs["best_value"])
+    assert good.value == pytest.approx(max(good.intermediate_values.values()))
+    assert attrs["best_epoch"] == 1 + max(
+        good.intermediate_values, key=good.intermediate_values.get
+    )
+
+
+def test_report_files_and_best_yaml_that_fit_trains(study_run: dict, capsys) -> None:
+    out = study_run["tmp"] / "out"
+    for name in ("best.yaml", "trials.md", "trials.csv", "history.png"):
+        assert (out / name).is_file(), name
+    assert "importances.png not drawn" in study_run["out"]  # one completed trial
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [r["state"] for r in rows] == ["COMPLETE", "PRUNED", "FAIL"]
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["model"]["init_args"]["lr"] == 0.01
+    assert best["trainer"]["max_epochs"] == 2
+    save = study_run["tmp"] / "refit"
+    entry(
+        ["fit", "--config", str(out / "best.yaml"), f"--trainer.logger.init_args.save_dir={save}"]
+    )
+    assert list(save.glob("quick/version_0/checkpoints/best.ckpt"))
+
+
+def test_rerun_of_a_finished_study_only_reports(study_run: dict, capsys) -> None:
+    code, out, _ = tune(study_run["args"], capsys)
+    assert code == 0
+    assert not [x for x in out.splitlines() if x.startswith("trial ")]
+    assert "best: trial 0" in out
+    assert len(_trials(study_run)) == 3
+
+
+def test_rerun_with_another_space_is_refused(study_run: dict, capsys) -> None:
+    args = list(study_run["args"])
+    other = write(
+        study_run["tmp"] / "other.yaml", f"{LR}: {{type: categorical, choices: [0.01]}}\n"
+    )
+    args[args.index("--search") + 1] = str(other)
+    code, out, err = tune(args, capsys)
+    assert code == 2 and "trial" not in out
+    assert err.startswith("error: --study-name tiny: the stored study was made with another search")
+
+
+def test_all_trials_refused_exits_2(tmp_path: Path, capsys) -> None:
+    space = write(tmp_path / "space.yaml", f"{LR}: {{type: float, low: -2.0, high: -1.0}}\n")
+    code, out, _ = tune(
+        ["--config", CONFIG, "--search", str(space), "--trials", "1", "--storage",
+         f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "out"), *tiny(tmp_path)],
+        capsys,
+    )  # fmt: skip
+    assert code == 2
+    assert "trial   0 FAIL" in out and "all 1 trials failed" in out
+    assert not (tmp_path / "out" / "best.yaml").exists()
