@@ -43,30 +43,39 @@ TWINS = {"off": "off", "on": "tuned_on"}  # twin -> reproduce_rec variant
 rr.VARIANTS.setdefault("tuned_on", ("on", []))  # the on twin at its tuned values only
 
 
+def study_name(args: argparse.Namespace, twin: str) -> str:
+    """``<dataset>_<backbone>[_<space>]_<twin>``: the space is named when it is not the
+    backbone's own. Noise is not in it: the noisy rows retrain the clean study's choice."""
+    space = "" if args.space == args.backbone else f"_{args.space}"
+    return f"{args.dataset}_{args.backbone}{space}_{twin}"
+
+
 def study_args(args: argparse.Namespace, twin: str) -> list[str]:
     """The ``tune`` command line of one twin's study (the same for both but the files)."""
-    name = f"{args.dataset}_{args.backbone}_{twin}"
+    name = study_name(args, twin)
     storage = Path(args.storage_dir)
     return [
         "--config", str(EXPERIMENTS / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
-        "--search", str(ROOT / "configs" / "search" / f"{args.backbone}_{twin}.yaml"),
+        "--search", str(ROOT / "configs" / "search" / f"{args.space}_{twin}.yaml"),
         "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
         "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
         "--workers", str(args.jobs), "--out", str(storage / name),
-        *shared_overrides(args),
+        *shared_overrides(args, noise=False),
         f"--trainer.logger.init_args.save_dir={Path(args.runs_dir) / 'tune'}",
         "--trainer.logger.init_args.name=trials",
     ]  # fmt: skip
 
 
-def shared_overrides(args: argparse.Namespace) -> list[str]:
-    """What both studies and every retraining share (data, epochs, loss normalization)."""
+def shared_overrides(args: argparse.Namespace, noise: bool = True) -> list[str]:
+    """What both studies and every retraining share (data, epochs, loss normalization).
+    The training noise (``--noise``) applies to the retrainings only: each twin is
+    retrained on the noisy data at the configuration it chose on the clean data."""
     out = [
         f"--trainer.max_epochs={args.max_epochs}",
         f"--data.init_args.data_root={args.data_root}",
         f"--model.init_args.loss_normalization={args.loss_normalization}",
     ]
-    if args.noise:
+    if args.noise and noise:
         out.append(f"--data.init_args.train_noise={args.noise}")
     if args.accelerator:
         out.append(f"--trainer.accelerator={args.accelerator}")
@@ -82,7 +91,7 @@ def run_study(args: argparse.Namespace, twin: str) -> dict[str, Any]:
     code = tune(study_args(args, twin))
     if code != 0:
         raise SystemExit(f"the {twin} twin's study ended with exit status {code}")
-    name = f"{args.dataset}_{args.backbone}_{twin}"
+    name = study_name(args, twin)
     storage = f"sqlite:///{Path(args.storage_dir) / name}.db"
     study = optuna.load_study(study_name=name, storage=storage)
     best = study.best_trial
@@ -106,6 +115,12 @@ def retrain_args(args: argparse.Namespace, best: dict[str, Any]) -> argparse.Nam
     return out
 
 
+def setting_name(args: argparse.Namespace) -> str:
+    """The comparison's name: ``<dataset>_<backbone>[_<space>][_noise<pct>]``."""
+    name = study_name(args, "x").removesuffix("_x")
+    return name + (f"_noise{round(100 * args.noise)}" if args.noise else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -122,7 +137,15 @@ def main() -> None:
     p.add_argument("--storage-dir", default=None, help="default: <results-dir>/tune")
     p.add_argument("--runs-dir", default=str(ROOT / "logs" / "tune_twins"))
     p.add_argument("--jobs", type=int, default=1, help="tune workers per study (processes)")
-    p.add_argument("--noise", type=float, default=0.0, help="the data's train_noise, both twins")
+    p.add_argument(
+        "--noise", type=float, default=0.0,
+        help="the data's train_noise in the retrainings of both twins (each at the setting "
+        "its study chose on the clean data)",
+    )  # fmt: skip
+    p.add_argument(
+        "--space", default=None,
+        help="search spaces configs/search/<space>_<off|on>.yaml (default: the backbone's)",
+    )  # fmt: skip
     p.add_argument("--accelerator", default=None)
     p.add_argument(
         "--loss-normalization", choices=["targets", "rows"], default="targets",
@@ -132,15 +155,24 @@ def main() -> None:
         "--override", action="append", default=[],
         help="a fit option for both studies and every retraining, as --override=--data.x=1",
     )  # fmt: skip
+    p.add_argument(
+        "--study-only", choices=list(TWINS), default=None,
+        help="run (or continue) only this twin's study, then stop: two processes, one per "
+        "twin, search both at once; a later run without it retrains and compares",
+    )  # fmt: skip
     args = p.parse_args()
     args.storage_dir = args.storage_dir or str(Path(args.results_dir) / "tune")
+    args.space = args.space or args.backbone
     threads = os.environ.get("OMP_NUM_THREADS")
     args.command = (
         "OMP_WAIT_POLICY=PASSIVE " + (f"OMP_NUM_THREADS={threads} " if threads else "")
         + "python bench/tune_twins.py " + " ".join(sys.argv[1:])
     )  # fmt: skip
+    if args.study_only:
+        run_study(args, args.study_only)
+        return
     best = {twin: run_study(args, twin) for twin in TWINS}
-    base = Path(args.runs_dir) / f"{args.dataset}_{args.backbone}_t{args.trials}"
+    base = Path(args.runs_dir) / f"{setting_name(args)}_t{args.trials}"
     for seed in args.seeds:
         for twin, variant in TWINS.items():
             out = base / f"{variant}_s{seed}"
@@ -153,13 +185,20 @@ def main() -> None:
 def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
     """The paired table (reproduce_rec's), the studies' best trials, and summary rows."""
     res = Path(args.results_dir)
-    out = res / "tuned" / f"{args.dataset}_{args.backbone}"
+    out = res / "tuned" / setting_name(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     shown = copy.copy(args)
-    shown.tag = f"tuned, {args.trials} trials a twin"
-    rows = rr.summarise(shown, runs, sorted(args.seeds), res)
+    shown.tag = f"tuned, {args.trials} trials a twin" + (
+        f", {round(100 * args.noise)}% training noise" if args.noise else ""
+    )
+    rows = []
+    for protocol, protocol_runs in rr.by_protocol(runs).items():
+        for row in rr.summarise(shown, protocol_runs, sorted(args.seeds), res):
+            rows.append({**row, "protocol": protocol})
     rr.write_markdown(shown, rows, out.with_suffix(".md"))
-    rr.plot(rows, out.with_suffix(".png"), f"{args.backbone} on {args.dataset}, tuned twins")
+    first = [r for r in rows if r["protocol"] == rows[0]["protocol"]]
+    rr.plot(first, out.with_suffix(".png"),
+            f"{args.backbone} on {args.dataset}, tuned twins" + rr.protocol_note(first))  # fmt: skip
     studies = ["", "## The studies", "",
                f"Each twin searched its space with TPE (sampler seed {args.sampler_seed}), "
                f"{args.trials} trials, pruner {args.pruner}; the best trial's values were "
@@ -179,7 +218,8 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
         twin = "off" if row["variant"] == "off" else "on"
         summary = {k: row.get(k) for k in rr.SUMMARY_KEYS}
         summary.update(
-            tag=f"tuned/{args.dataset}_{args.backbone}", variant=twin, tuned=True,
+            tag=f"tuned/{setting_name(args)}", variant=twin, tuned=True,
+            protocol=row["protocol"],
             noise=float(args.noise), chosen_by=f"{best[twin]['monitor']} (best of "
             f"{args.trials} trials, TPE seed {args.sampler_seed}, pruner {args.pruner})",
             trials=args.trials, setting=best[twin]["values"], study=best[twin]["study"],
