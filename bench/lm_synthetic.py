@@ -49,6 +49,7 @@ from bft_lightning.datamodules.synthetic_qa import (
 )
 from bft_lightning.metrics.qa import qa_scores
 from bft_lightning.models.llama import BFTOptions, LlamaConfig
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.stats import set_recording
 from bft_lightning.tasks.language import LanguageSFT
 
@@ -291,7 +292,7 @@ def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int
     t_data = time.time() - t_data
     task = LanguageSFT(
         checkpoint_dir=str(work / f"base-{a.model}"),
-        bft=BFTOptions(precision=precision),
+        bft=BFTOptions(filter=FilterConfig(precision=precision)),
         focal_gamma=2.0,
         lr=a.lr,
         warmup_steps=10,

@@ -39,6 +39,7 @@ from bft_lightning.models.checkpoint import CheckpointError
 from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer, RelativeAttentionBias
 from bft_lightning.tasks import SequentialRecommendation
 from bft_lightning.tasks.language import LanguageSFT
@@ -139,7 +140,8 @@ HYPER = [
     c("hstu_max_len_0", lambda: HSTULayer(16, 2, 0), r"max_len must be an integer >= 1, got 0"),
     c("hstu_linear_dim_0", lambda: HSTULayer(16, 2, 8, linear_dim=0), r"linear_dim must be"),
     c("hstu_dropout_1", lambda: HSTULayer(16, 2, 8, dropout=1.0), r"dropout must be in \[0, 1\)"),
-    c("hstu_q_init_neg", lambda: HSTULayer(16, 2, 8, q_init=-1.0), r"q_init must be"),
+    c("hstu_q_init_neg", lambda: HSTULayer(16, 2, 8, config=FilterConfig(q_init=-1.0)),
+      r"q_init must be"),
     c("hstu_buckets_0", lambda: HSTULayer(16, 2, 8, num_buckets=0), r"num_buckets must be"),
     c("rab_buckets_0", lambda: RelativeAttentionBias(8, 0), r"num_buckets must be an integer"),
     c("sasrec_num_items_float", lambda: SASRec(10.5), r"num_items must be an integer >= 1"),
@@ -151,10 +153,11 @@ HYPER = [
     c("decoder_heads_3", lambda: BFTLlamaDecoderLayer(16, 3), r"n_heads must divide d_model=16"),
     c("decoder_kv_heads_3", lambda: BFTLlamaDecoderLayer(16, 4, n_kv_heads=3),
       r"n_kv_heads must divide n_heads=4, got n_kv_heads=3"),
-    c("decoder_groups_5", lambda: BFTLlamaDecoderLayer(16, 4, groups=5),
+    c("decoder_groups_5", lambda: BFTLlamaDecoderLayer(16, 4, config=FilterConfig(groups=5)),
       r"groups=5 must be a positive divisor of d_model=16"),
     c("decoder_dropout_1", lambda: BFTLlamaDecoderLayer(16, 4, dropout=1.0), r"dropout must be in"),
-    c("decoder_q_init_neg", lambda: BFTLlamaDecoderLayer(16, 4, q_init=-0.5), r"q_init must be"),
+    c("decoder_q_init_neg", lambda: BFTLlamaDecoderLayer(16, 4, config=FilterConfig(q_init=-0.5)),
+      r"q_init must be"),
     c("decoder_eps_neg", lambda: BFTLlamaDecoderLayer(16, 4, rms_norm_eps=-1e-6),
       r"rms_norm_eps must be"),
     # backbones
@@ -191,11 +194,15 @@ HYPER = [
     c("llama_eos_out_of_vocab", lambda: LlamaConfig(vocab_size=100, eos_token_id=100),
       r"eos_token_id must be None or an id in \[0, vocab_size=100\), got 100"),
     c("bft_dropout_1", lambda: BFTOptions(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
-    c("bft_q_init_neg", lambda: BFTOptions(q_init=-1.0), r"q_init must be a finite number > 0"),
-    c("bft_precision", lambda: BFTOptions(precision="true"), r"precision must be one of"),
-    c("bft_groups_0", lambda: BFTOptions(groups=0), r"groups must be an integer >= 1 or None"),
+    c("bft_q_init_neg", lambda: BFTOptions(filter=FilterConfig(q_init=-1.0)),
+      r"q_init must be a finite number > 0"),
+    c("bft_precision", lambda: BFTOptions(filter=FilterConfig(precision="true")),
+      r"precision must be one of"),
+    c("bft_groups_0", lambda: BFTOptions(filter=FilterConfig(groups=0)),
+      r"groups must be an integer >= 1 or None"),
     c("bft_prior_scale_0", lambda: BFTOptions(prior_scale=0.0), r"prior_scale must be"),
-    c("bft_impl", lambda: BFTOptions(attention_impl="flash"), r"attention_impl must be one of"),
+    c("bft_impl", lambda: BFTOptions(filter=FilterConfig(attention_impl="flash")),
+      r"attention_impl must be one of"),
     # tasks
     c("task_lr_neg", lambda: SequentialRecommendation(10, lr=-1.0), r"lr must be >= 0, got -1.0"),
     c("task_negatives_0", lambda: SequentialRecommendation(10, num_negatives=0),
@@ -311,7 +318,9 @@ def test_bad_config_value_names_the_field(case, tmp_path, monkeypatch, capsys):
 def lm_source(tmp_path_factory) -> Path:
     """A small BFT Llama saved in two shards (index + shards + BFT files)."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMALL_LLAMA), BFTOptions(precision="on"))
+    model = LlamaForCausalLM(
+        LlamaConfig(**SMALL_LLAMA), BFTOptions(filter=FilterConfig(precision="on"))
+    )
     out = tmp_path_factory.mktemp("lm_source")
     model.save_pretrained(out, max_shard_bytes=8_000)
     return out
@@ -532,7 +541,9 @@ def test_the_shapes_checked_are_the_models_own(changes):
 
     config = LlamaConfig(**{**SMALL_LLAMA, **changes})
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, BFTOptions(precision="on", attention_gate="sigmoid"))
+        model = LlamaForCausalLM(
+            config, BFTOptions(filter=FilterConfig(precision="on", attention_gate="sigmoid"))
+        )
     own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not is_bft_key(k)}
     if config.tie_word_embeddings:
         own.pop("lm_head.weight")

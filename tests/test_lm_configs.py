@@ -40,5 +40,5 @@ def test_tinyllama_overrides() -> None:
         "--model.init_args.checkpoint_dir=/models/tl", "--data.init_args.noise_rate=0.4",
     ])  # fmt: skip
     init = cli.config["model"]["init_args"]
-    assert init["checkpoint_dir"] == "/models/tl" and init["bft"]["precision"] == "on"
+    assert init["checkpoint_dir"] == "/models/tl" and init["bft"]["filter"]["precision"] == "on"
     assert cli.config["data"]["init_args"]["noise_rate"] == 0.4

@@ -10,7 +10,7 @@ and builds its own encoder (``build_encoder``). Batches follow the
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import math
 from typing import Any, ClassVar
 
@@ -20,10 +20,12 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.checks import check_dropout, check_number, check_sizes
-from bft_lightning.nn.filter import FilterConfig
+from bft_lightning.nn.filter import FILTER_FIELDS, FilterConfig
 from bft_lightning.nn.prior import PRIOR_INITS
 
 PRIOR_KINDS = ("table", "mlp")
+# the filter options a recommender runs with when neither form names them
+MODEL_FILTER_DEFAULTS = FilterConfig(precision="off")
 HEADS = ("dot", "precision")
 
 
@@ -57,9 +59,10 @@ class SequentialRecommender(nn.Module):
             twin runs PyTorch's fused attention), ``"blockwise"`` (one pass over key
             blocks, a ``torch.library`` custom op that ``torch.compile`` keeps in one
             graph) or ``"reference"`` (materialised weights, ``docs/spec.md``'s
-            reference). Same values and gradients. None (default): ``"chunked"``,
-            and ``"blockwise"`` when the task compiles the model
-            (:meth:`use_compile_kernel`). HSTU has its own attention.
+            reference); or ``"auto"`` (the default, also for None): ``"chunked"``
+            in eager mode and ``"blockwise"`` while ``torch.compile`` traces
+            (resolved by ``nn.kernels.resolve``). Same values and gradients. HSTU
+            has its own attention.
         attention_chunk: query block size of the chunked path.
         gain: ``"group"`` (``docs/spec.md``: a Kalman gain per residual group after
             ``W_O``) or ``"head"`` (a gain per head before ``W_O``; see
@@ -73,11 +76,15 @@ class SequentialRecommender(nn.Module):
             is the same inside a longer row and alone). On Amazon Beauty the two
             peaked at about the same validation NDCG@10 (``results/perf/notes.md``).
         filter: the filter options as one typed ``FilterConfig`` (YAML:
-            ``filter: {precision: "on", groups: null, ...}``), instead of the flat
-            ``precision``, ``groups``, ``q_init``, ``nu0``, ``attention_gate``,
-            ``attention_impl``, ``attention_chunk``, ``gain`` and ``key_precision``
-            above (which stay for old configs and checkpoints; give one form or
-            the other). Its ``predict_noise`` is set per layer by the model.
+            ``filter: {precision: "on", groups: null, ...}``; the shipped configs'
+            form). The flat ``precision``, ``groups``, ``q_init``, ``nu0``,
+            ``attention_gate``, ``attention_impl``, ``attention_chunk``, ``gain``
+            and ``key_precision`` above are the same options spelled flat, for
+            configs and checkpoints written before ``filter`` existed and for short
+            command lines; they become a ``FilterConfig`` in one place,
+            ``FilterConfig.from_flat``. Give one form or the other (a ``filter``
+            left at its default counts as not given). Its ``predict_noise`` is
+            set per layer by the model.
     """
 
     causal: ClassVar[bool] = True
@@ -108,19 +115,15 @@ class SequentialRecommender(nn.Module):
         gain: str = "group",
         key_precision: bool = True,
         positions: str = "from_end",
-        filter: FilterConfig | None = None,
+        filter: FilterConfig = MODEL_FILTER_DEFAULTS,
     ) -> None:
         super().__init__()
         flat = dict(
             precision=precision, groups=groups, q_init=q_init, nu0=nu0,
-            attention_gate=attention_gate, attention_impl=attention_impl or "chunked",
+            attention_gate=attention_gate, attention_impl=attention_impl,
             attention_chunk=attention_chunk, gain=gain, key_precision=key_precision,
         )  # fmt: skip
-        config = _filter_config(filter, flat)
-        # the kernel was left to the model: compiling may pick the compile-friendly one
-        self.attention_impl_chosen = (
-            attention_impl is not None or config.attention_impl != "chunked"
-        )
+        config = FilterConfig.from_flat(flat, filter, defaults=MODEL_FILTER_DEFAULTS)
         precision, groups = config.precision, config.groups
         _check_options(num_items, max_len, prior, prior_init, head)
         check_sizes(num_items=num_items, max_len=max_len, d_model=d_model, nhead=nhead,
@@ -173,22 +176,6 @@ class SequentialRecommender(nn.Module):
             config=config,
         )  # fmt: skip
         return BFTEncoder(layer, num_layers)
-
-    def use_compile_kernel(self) -> str:
-        """Before ``torch.compile``: switch the attention to ``"blockwise"`` (the
-        kernel the compiler holds in one graph; ``"chunked"``'s hand-written
-        backward breaks it) unless ``attention_impl`` was chosen. Same values and
-        gradients, no parameter changes. Returns the kernel in use."""
-        if self.attention_impl_chosen or self.filter.attention_impl == "blockwise":
-            return self.filter.attention_impl
-        self.filter = dataclasses.replace(self.filter, attention_impl="blockwise")
-        for module in self.modules():
-            config = getattr(module, "config", None)
-            if isinstance(config, FilterConfig):  # the layers' record of their options
-                module.config = dataclasses.replace(config, attention_impl="blockwise")  # type: ignore[assignment]
-            if isinstance(getattr(module, "impl", None), str):  # the attention modules
-                module.impl = "blockwise"  # type: ignore[assignment]
-        return "blockwise"
 
     def _last_layer(self) -> Any:
         return list(self.encoder.layers)[-1]  # type: ignore[union-attr, arg-type]
@@ -379,21 +366,26 @@ class SequentialRecommender(nn.Module):
         return h[:, -1], None if lp is None else lp[:, -1]
 
 
-def _filter_config(config: FilterConfig | None, flat: dict[str, Any]) -> FilterConfig:
-    """The model's ``FilterConfig``: ``config``, or one built from the flat options
-    (validated there, each error naming its field); both at once is refused."""
-    if config is None:
-        return FilterConfig(**flat)
-    if not isinstance(config, FilterConfig):
-        raise ValueError(f"filter must be a FilterConfig, got {type(config).__name__}")
-    defaults = FilterConfig(precision="off")  # the model's flat defaults
-    given = [k for k, v in flat.items() if v != getattr(defaults, k)]
-    if given:
-        raise ValueError(
-            f"{given[0]}: give the filter options either in filter or flat, not both "
-            f"(flat {', '.join(given)} and filter={config})"
-        )
-    return config
+def fold_flat_filter_options(init_args: Any) -> None:
+    """A command line's flat filter options over a config file's ``filter:`` block.
+
+    ``init_args``: a backbone's parsed arguments (a jsonargparse ``Namespace``).
+    A shipped config gives ``filter: {precision: "on", ...}``; a command line such
+    as ``--model.init_args.backbone.init_args.q_init=0.1`` (the spelling of many
+    recorded runs) gives a flat option beside it. The later source wins, as for
+    any other option: each flat option that differs from its default moves into
+    the block (checked there, when the model is built) and goes back to its
+    default, so the model receives one form. Without a ``filter`` block the flat
+    options stay as they are (``FilterConfig.from_flat`` reads them).
+    """
+    block = init_args.get("filter") if init_args is not None else None
+    if block is None:
+        return
+    for name, default in FLAT_FILTER_DEFAULTS.items():
+        value = init_args.get(name, default)
+        if value != default:
+            block[name] = value
+            init_args[name] = default
 
 
 def _check_options(num_items: int, max_len: int, prior: str, prior_init: str, head: str) -> None:
@@ -407,3 +399,11 @@ def _check_options(num_items: int, max_len: int, prior: str, prior_init: str, he
         raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {prior_init!r}")
     if head not in HEADS:
         raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+
+
+# the flat filter keywords of SequentialRecommender and their defaults
+FLAT_FILTER_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(SequentialRecommender.__init__).parameters.items()
+    if name in FILTER_FIELDS
+}

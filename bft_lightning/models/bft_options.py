@@ -1,19 +1,23 @@
-"""``BFTOptions``: how the LM's decoder layers run as Bayesian filters (the LM's side of
-``nn.filter.FilterConfig``, plus its prior and dropout); stored in BFT exports."""
+"""``BFTOptions``: how the LM's decoder layers run as Bayesian filters: one
+``nn.filter.FilterConfig`` plus what only the LM has (its prior and dropout);
+stored in BFT exports (``bft_options.json``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from bft_lightning.nn.checks import (
-    check_choice,
-    check_filter_options,
-    check_int,
-    check_number,
-    check_sizes,
-)
-from bft_lightning.nn.filter import FilterConfig
-from bft_lightning.nn.kernels import KERNELS
+from bft_lightning.nn.checks import check_dropout, check_number, check_sizes
+from bft_lightning.nn.filter import FILTER_FIELDS, FilterConfig
+
+# the LM's filter when none is given: the plain Llama
+LM_FILTER_DEFAULTS = FilterConfig(precision="off")
+
+
+def _default_filter() -> FilterConfig:
+    return LM_FILTER_DEFAULTS
 
 
 @dataclass
@@ -21,54 +25,55 @@ class BFTOptions:
     """How the decoder layers run as Bayesian filters.
 
     Args:
-        precision: ``"off"`` (the plain Llama) or ``"on"`` (BFT).
-        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
-        groups: precision groups ``G``; None means the number of query heads.
-        q_init: initial process noise ``Q0`` (from scratch; calibration overrides).
-        nu0: REML prior degrees of freedom.
-        sill_momentum: momentum of the running sill.
+        filter: the layers' filter options (``FilterConfig``: precision, gate,
+            groups, ``Q0``, sill, kernel, backward); default ``precision="off"``,
+            the plain Llama. YAML: ``bft: {filter: {precision: "on"}}``. Its
+            ``predict_noise`` is set per layer by the model (False on the last).
         prior_width: width of the per-token prior ``tau``: 1 or ``G``.
         prior_scale: ``c``; None means ``1 / mean Var(h0)`` of the embedding.
         dropout: dropout on attention weights and residual branches.
-        attention_impl: ``"chunked"`` (default: PyTorch's fused attention in off
-            mode, query blocks with no (T x T) weights kept in on mode),
-            ``"sdpa"`` (fused in off mode, materialised weights in on mode) or
-            ``"reference"`` (materialised weights in both).
-        attention_chunk: query block size of the chunked path.
-        backward: ``"custom"`` (hand-written backward passes) or ``"autograd"``
-            (plain ops, for ``torch.compile``); see ``nn.filter.FilterConfig``.
-
-    The layers' share of these options is :meth:`filter_config`.
     """
 
-    precision: str = "off"
-    attention_gate: str | None = None
-    groups: int | None = None
-    q_init: float = 0.01
-    nu0: float = 1.0
-    sill_momentum: float = 0.01
+    filter: FilterConfig = field(default_factory=_default_filter)
     prior_width: int = 1
     prior_scale: float | None = None
     dropout: float = 0.0
-    attention_impl: str = "chunked"
-    attention_chunk: int = 256
-    backward: str = "custom"
 
     def __post_init__(self) -> None:
-        check_choice("precision", self.precision, ("off", "on"))
-        check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
-        check_choice("attention_impl", self.attention_impl, tuple(KERNELS))
-        check_choice("backward", self.backward, ("custom", "autograd"))
-        check_int("groups", self.groups, optional=True)
-        check_sizes(prior_width=self.prior_width, attention_chunk=self.attention_chunk)
+        if not isinstance(self.filter, FilterConfig):
+            raise ValueError(f"filter must be a FilterConfig, got {type(self.filter).__name__}")
+        check_sizes(prior_width=self.prior_width)
         check_number("prior_scale", self.prior_scale, 0.0, low_open=True, optional=True)
-        check_filter_options(self.dropout, self.q_init, self.nu0, self.sill_momentum, 1.0)
+        check_dropout("dropout", self.dropout)
+
+    @property
+    def precision(self) -> str:
+        """``"on"`` (BFT) or ``"off"`` (the plain Llama): the filter's."""
+        return self.filter.precision
 
     def filter_config(self, predict_noise: bool = True) -> FilterConfig:
         """The decoder layers' ``FilterConfig`` (``predict_noise``: False for the last layer)."""
-        return FilterConfig(
-            precision=self.precision, groups=self.groups, q_init=self.q_init, nu0=self.nu0,  # type: ignore[arg-type]
-            sill_momentum=self.sill_momentum, predict_noise=predict_noise,
-            attention_gate=self.attention_gate, attention_impl=self.attention_impl,  # type: ignore[arg-type]
-            attention_chunk=self.attention_chunk, backward=self.backward,  # type: ignore[arg-type]
-        )  # fmt: skip
+        return self.filter.replace(predict_noise=predict_noise)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``bft_options.json`` holds: ``{"filter": {...}, "prior_width": ..., ...}``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> BFTOptions:
+        """Read :meth:`to_dict`'s form, or the flat form that exports, checkpoint
+        hyperparameters and configs wrote before ``filter`` existed
+        (``{"precision": "on", "groups": 2, ..., "prior_width": 1}``; its filter
+        keys go through ``FilterConfig.from_flat``). An unknown key is an error
+        naming it."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - own - FILTER_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown BFT options {unknown}")
+        base = options.get("filter")
+        if isinstance(base, Mapping):
+            base = FilterConfig(**base)
+        flat = {k: v for k, v in options.items() if k in FILTER_FIELDS}
+        config = FilterConfig.from_flat(flat, base, defaults=LM_FILTER_DEFAULTS)
+        rest = {k: v for k, v in options.items() if k in own and k != "filter"}
+        return cls(filter=config, **rest)

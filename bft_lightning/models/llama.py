@@ -15,7 +15,7 @@ Precision (``precision="on"``):
   layer's ``rho`` and the prior get gradients through later layers' kriging
   bias and gain.
 - From scratch (``LlamaForCausalLM(config, bft)``): ``tau`` is constant with
-  ``c = 1 / mean Var(h0)`` (the embedding init), ``Q0 = bft.q_init``.
+  ``c = 1 / mean Var(h0)`` (the embedding init), ``Q0 = bft.filter.q_init``.
 - From a pretrained checkpoint, :func:`calibrate_precision` on one batch makes
   BFT start close to the pretrained model; see its docstring for the rule.
 """
@@ -23,7 +23,7 @@ Precision (``precision="on"``):
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -343,13 +343,9 @@ class LlamaForCausalLM(nn.Module):
         saved_options, saved_state = ckpt.read_bft_state(directory)
         if bft is None and saved_options is not None:
             options_file = Path(directory) / ckpt.BFT_OPTIONS_FILE
-            known = {f.name for f in fields(BFTOptions)}
-            unknown = sorted(set(saved_options) - known)
-            if unknown:
-                raise ValueError(f"{options_file}: unknown BFT options {unknown}")
-            try:
-                bft = BFTOptions(**saved_options)
-            except ValueError as e:
+            try:  # older exports wrote the filter options flat
+                bft = BFTOptions.from_dict(saved_options)
+            except (ValueError, TypeError) as e:
                 raise ValueError(f"{options_file}: {e}") from e
         headers = ckpt.tensor_headers(directory)
         if headers is not None:  # safetensors: checked before any tensor is read
@@ -387,7 +383,7 @@ class LlamaForCausalLM(nn.Module):
                 f"{source}: {len(unused)} BFT tensors that this model's options do not use "
                 f"were not loaded ({', '.join(unused[:4])}{' ...' if len(unused) > 4 else ''}); "
                 f"options: precision={self.bft.precision!r}, "
-                f"attention_gate={self.bft.attention_gate!r}",
+                f"attention_gate={self.bft.filter.attention_gate!r}",
                 stacklevel=2,
             )
         for name, value in tensors.items():
@@ -444,6 +440,6 @@ class LlamaForCausalLM(nn.Module):
             self.config.to_hf(),
             llama,
             max_shard_bytes,
-            bft_options=asdict(self.bft),
+            bft_options=self.bft.to_dict(),
             bft_state={k: v for k, v in state.items() if is_bft_key(k)},
         )

@@ -78,8 +78,11 @@ class FilterConfig:
             ablation; encoder only).
         attention_gate: None or ``"sigmoid"`` (the gated-attention baseline).
         attention_impl: the attention kernel, a name of ``nn.kernels.KERNELS``
-            (``"chunked"``, the models' default; ``"reference"``, a bare
-            ``BFTEncoderLayer``'s; ``"sdpa"``); HSTU has its own.
+            (``"chunked"``; ``"reference"``, a bare ``BFTEncoderLayer``'s;
+            ``"sdpa"``; ``"blockwise"``), or ``"auto"`` (the default): the
+            kernel dispatch runs ``"blockwise"`` while ``torch.compile`` traces
+            (the kernel the compiler holds in one graph) and ``"chunked"``
+            otherwise, the same values and gradients. HSTU has its own attention.
         attention_chunk: query block size of the chunked kernel.
         backward: ``"custom"`` (hand-written backward passes that keep only the
             FFN's own activations: eager training) or ``"autograd"`` (plain ops
@@ -97,7 +100,7 @@ class FilterConfig:
     gain: Literal["group", "head"] = "group"
     key_precision: bool = True
     attention_gate: Literal["sigmoid"] | None = None
-    attention_impl: str = "chunked"
+    attention_impl: str = kernels.AUTO
     attention_chunk: int = 256
     backward: Literal["custom", "autograd"] = "custom"
 
@@ -112,7 +115,7 @@ class FilterConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_choice("gain", self.gain, ("group", "head"))
         check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
-        check_choice("attention_impl", self.attention_impl, tuple(kernels.KERNELS))
+        check_choice("attention_impl", self.attention_impl, kernels.IMPLS)
         check_int("attention_chunk", self.attention_chunk)
         check_choice("backward", self.backward, ("custom", "autograd"))
         if self.gain == "head" and self.attention_gate is not None:
@@ -129,6 +132,49 @@ class FilterConfig:
     def replace(self, **changes: Any) -> FilterConfig:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_flat(
+        cls, flat: Mapping[str, Any], base: FilterConfig | None = None,
+        defaults: FilterConfig | None = None,
+    ) -> FilterConfig:  # fmt: skip
+        """The one place where flat keyword options become a ``FilterConfig``.
+
+        Flat options are ``torch.nn.TransformerEncoderLayer``'s style (a bare
+        ``BFTEncoderLayer``), the recommenders' constructor keywords (so a
+        command line such as ``--model.init_args.backbone.init_args.q_init=0.1``
+        and the hyperparameters of checkpoints saved before ``filter:`` existed
+        still build the model), and the LM's older ``bft_options.json``.
+
+        flat: field name -> value; None means "not given" (every field whose
+            value may be None has None as its default).
+        base: the typed form given beside the flat one (the ``filter`` option;
+            None or equal to ``defaults`` means not given). Giving both is
+            refused, naming the first flat option that differs from
+            ``defaults``: two sources of one field would silently shadow each other.
+        defaults: the values of fields the flat options leave out (the class's
+            defaults when None).
+        """
+        unknown = sorted(set(flat) - FILTER_FIELDS)
+        if unknown:
+            options = ", ".join(sorted(FILTER_FIELDS))
+            raise ValueError(f"{unknown[0]} is not a filter option (the options: {options})")
+        start = cls() if defaults is None else defaults
+        given = {k: v for k, v in flat.items() if v is not None}
+        if base is not None and not isinstance(base, FilterConfig):
+            raise ValueError(f"filter must be a FilterConfig, got {type(base).__name__}")
+        if base is None or base == start:
+            return dataclasses.replace(start, **given)
+        differ = [k for k, v in given.items() if v != getattr(start, k)]
+        if differ:
+            raise ValueError(
+                f"{differ[0]}: give the filter options either in filter or flat, not both "
+                f"(flat {', '.join(differ)} and filter={base})"
+            )
+        return base
+
+
+FILTER_FIELDS = frozenset(f.name for f in dataclasses.fields(FilterConfig))
 
 
 def check_groups(d_model: int, nhead: int, groups: int | None) -> int:

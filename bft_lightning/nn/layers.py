@@ -135,13 +135,12 @@ class BFTEncoderLayer(FilterLayer):
         check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
         if config is None:  # the flat options (torch.nn.TransformerEncoderLayer's style)
             check_groups(d_model, nhead, groups)  # names d_model in the error
-            config = FilterConfig(
-                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
-                sill_momentum=sill_momentum, predict_noise=predict_noise, gain=gain,  # type: ignore[arg-type]
-                key_precision=key_precision, attention_gate=attention_gate,  # type: ignore[arg-type]
-                attention_impl=attention_impl, attention_chunk=attention_chunk,
-                backward=backward,  # type: ignore[arg-type]
-            )  # fmt: skip
+            config = FilterConfig.from_flat(dict(
+                precision=precision, groups=groups, q_init=q_init, nu0=nu0,
+                sill_momentum=sill_momentum, predict_noise=predict_noise, gain=gain,
+                key_precision=key_precision, attention_gate=attention_gate,
+                attention_impl=attention_impl, attention_chunk=attention_chunk, backward=backward,
+            ))  # fmt: skip
         self.d_model, self.nhead, self.gain = d_model, nhead, config.gain
         self.key_precision = config.key_precision
         self.activation = _activation_name(activation)

@@ -135,8 +135,8 @@ class LanguageSFT(L.LightningModule):
         check_number("target_gain", target_gain, 0.0, 1.0, low_open=True, high_open=True)
         if isinstance(config, dict):  # from hparams of a saved checkpoint
             config = LlamaConfig(**config)
-        if isinstance(bft, dict):
-            bft = BFTOptions(**bft)
+        if isinstance(bft, dict):  # hparams of a saved checkpoint (older ones: flat keys)
+            bft = BFTOptions.from_dict(bft)
         loaded = checkpoint_dir is not None and (config is None or Path(checkpoint_dir).is_dir())
         if loaded:
             assert checkpoint_dir is not None
@@ -154,7 +154,7 @@ class LanguageSFT(L.LightningModule):
         # the architecture is kept even for a loaded model, so a checkpoint rebuilds without it
         self.save_hyperparameters(ignore=["config", "bft"])
         self.hparams["config"] = asdict(self.model.config)
-        self.hparams["bft"] = asdict(self.model.bft)
+        self.hparams["bft"] = self.model.bft.to_dict()
         self.model.model.gradient_checkpointing = gradient_checkpointing
         self.loss_name, self.focal_gamma = loss, focal_gamma
         self.label_smoothing = label_smoothing

@@ -133,9 +133,9 @@ class SequentialRecommendation(L.LightningModule):
         report_dir: where test reports go; default the logger's directory.
         compile: compile the backbone's encoder with ``torch.compile`` (dynamic
             shapes: batches are trimmed to their longest history, and one graph
-            serves every length). A backbone whose ``attention_impl`` was left
-            unset then runs the ``"blockwise"`` kernel, which compiles as one graph
-            (``SequentialRecommender.use_compile_kernel``); a chosen kernel stays.
+            serves every length). A backbone whose ``attention_impl`` is
+            ``"auto"`` (the default) then runs the ``"blockwise"`` kernel, which
+            compiles as one graph (``nn.kernels.resolve``); a chosen kernel stays.
         loss_normalization: what a batch's summed loss is divided by:
             ``"rows"`` (default: its count of rows) or ``"targets"`` (its count
             of targets, a per-target mean). With batches of mixed lengths the
@@ -198,8 +198,6 @@ class SequentialRecommendation(L.LightningModule):
         self.model = backbone(num_items, max_len)
         self.backbone_spec = backbone_spec(backbone, type(self.model))
         if compile:  # an instance attribute: the state dict and checkpoints are unchanged
-            if isinstance(self.model, SequentialRecommender):
-                self.model.use_compile_kernel()  # blockwise unless attention_impl was chosen
             self.model.encode = compiled_encode(self.model.encode)  # type: ignore[method-assign]
         self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
         self.num_items, self.ks, self.mask_history = num_items, tuple(ks), mask_history
