@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,23 @@ PRIOR_KINDS = ("table", "mlp")
 # the filter options a recommender runs with when neither form names them
 MODEL_FILTER_DEFAULTS = FilterConfig(precision="off")
 HEADS = ("dot", "precision")
+
+
+class Encoded(NamedTuple):
+    """What the encoder gives its callers.
+
+    hidden: the normalised states the head scores, (B, L, d) or, at the
+        predicting position, (B, d).
+    log_precision: the final ``log lambda`` in the encoder's units, (B, L, G)
+        or (B, G); None in off mode.
+    norm_scale: (B,) the final norm's divisor ``sigma(h)`` at the last position:
+        a variance ``1 / lambda`` of ``h`` is ``1 / (lambda sigma^2)`` in the
+        state that is scored (``serving.confidence`` reads it as an argument).
+    """
+
+    hidden: Tensor
+    log_precision: Tensor | None
+    norm_scale: Tensor
 
 
 class SequentialRecommender(nn.Module):
@@ -149,7 +166,6 @@ class SequentialRecommender(nn.Module):
         self.filter = config
         self.encoder = self.build_encoder(config, num_layers)
         self.final_norm = nn.LayerNorm(d_model)
-        self.last_norm_scale: Tensor | None = None  # see normalise_output
         self.prior: PrecisionPrior | MLPPrecisionPrior | None = None
         if precision == "on":
             scale = prior_scale if prior_scale is not None else self.input_scale()
@@ -243,6 +259,27 @@ class SequentialRecommender(nn.Module):
             return self.prior(self.item_emb(ids).detach(), ids != 0)
         return self.prior(ids)
 
+    def run_encoder(
+        self, h0: Tensor, ids: Tensor, times: Tensor | None, last_only: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The encoder stack over ``h0`` (B, L, d): the final states before the final
+        norm and their log-precision, or None. HSTU overrides it to pass the times."""
+        return self.encoder(
+            h0, src_key_padding_mask=ids == 0, is_causal=self.causal,
+            log_precision=self.layer0_precision(ids), return_precision=True,
+            last_only=last_only,
+        )  # fmt: skip
+
+    def encoded(self, ids: Tensor, times: Tensor | None = None, last_only: bool = False) -> Encoded:
+        """(B, L) ids -> :class:`Encoded`: the normalised states (B, L, d), the final
+        log-precision (B, L, G) or None, and the final norm's scale at the last
+        position (B,). ``last_only``: (B, 1, ...), the last layer computing its
+        query, update and FFN for that position alone (the same values)."""
+        h, lp = self.run_encoder(self.embed(ids), ids, times, last_only)
+        last = h[:, -1].detach().float()
+        scale = (last.var(-1, unbiased=False) + self.final_norm.eps).sqrt()
+        return Encoded(self.final_norm(h), lp, scale)
+
     def encode(
         self, ids: Tensor, times: Tensor | None = None, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]:
@@ -252,22 +289,8 @@ class SequentialRecommender(nn.Module):
         layer computes its query, update and FFN for that position alone (the
         same values; what evaluation and serving read, see :meth:`last_hidden`).
         """
-        h, lp = self.encoder(
-            self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
-            log_precision=self.layer0_precision(ids), return_precision=True,
-            **({"last_only": True} if last_only else {}),
-        )  # fmt: skip
-        return self.normalise_output(h), lp
-
-    def normalise_output(self, h: Tensor) -> Tensor:
-        """``final_norm(h)``; with the filter layers recording, also keeps the scale the
-        norm divides by at the last position, ``sigma(h[:, -1])`` (B,), in
-        ``last_norm_scale`` (the final precision in the normalised state's units is
-        ``lambda * sigma^2``, which ``serving.confidence`` reads)."""
-        if getattr(self._last_layer(), "record", False):
-            last = h[:, -1].detach().float()
-            self.last_norm_scale = (last.var(-1, unbiased=False) + self.final_norm.eps).sqrt()
-        return self.final_norm(h)
+        out = self.encoded(ids, times, last_only)
+        return out.hidden, out.log_precision
 
     def item_weights(self) -> Tensor:
         """(num_items + 1, d) output embeddings; row 0 (padding) is never a candidate."""
@@ -346,12 +369,21 @@ class SequentialRecommender(nn.Module):
     def last_hidden(
         self, input_ids: Tensor, times: Tensor | None = None, last_only: bool | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        """Evaluation: the state that predicts the next item, (B, d), and its log-precision.
+        """Evaluation: the state that predicts the next item, (B, d), and its
+        log-precision (B, G) or None (:meth:`last_encoded` with its norm scale)."""
+        out = self.last_encoded(input_ids, times, last_only)
+        return out.hidden, out.log_precision
+
+    def last_encoded(
+        self, input_ids: Tensor, times: Tensor | None = None, last_only: bool | None = None
+    ) -> Encoded:
+        """Evaluation: :class:`Encoded` at the predicting position, (B, d), (B, G) or
+        None, (B,): what scoring and the confidence read.
 
         ``last_only`` (default: in eval mode, unless a callback records the last
         layer at every position, ``record_all_positions``, or its attention)
         computes the last layer for the predicting position only
-        (:meth:`encode`); False runs every position, True forces the short path.
+        (:meth:`encoded`); False runs every position, True forces the short path.
         """
         ids = self.eval_view(input_ids)
         if times is not None and times.shape != ids.shape:  # a mask token was appended
@@ -362,8 +394,9 @@ class SequentialRecommender(nn.Module):
                 getattr(layer, "record_attention", False)
                 or getattr(layer, "record_all_positions", False)
             )
-        h, lp = self.encode(ids, times, last_only=last_only)
-        return h[:, -1], None if lp is None else lp[:, -1]
+        out = self.encoded(ids, times, last_only=last_only)
+        lp = None if out.log_precision is None else out.log_precision[:, -1]
+        return Encoded(out.hidden[:, -1], lp, out.norm_scale)
 
 
 def fold_flat_filter_options(init_args: Any) -> None:

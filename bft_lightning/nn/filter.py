@@ -25,9 +25,9 @@ attention kernel and the FFN run under the caller's autocast.
 
 The sill policy (one, for every block; ``docs/spec.md``, The sill): a training
 forward *stages* its running-sill update; it is applied by :meth:`flush_sill`,
-which the stacks (``BFTEncoder``, ``HSTUEncoder``, ``LlamaModel``) call at the
-start of each forward, and which runs before the layer's state is saved or
-cast. A step therefore reads the sill of the previous step, and a layer
+which :func:`run_stack` (the one loop of ``BFTEncoder``, ``HSTUEncoder`` and
+``LlamaModel``) calls at the start of each forward, and which runs before the
+layer's state is saved or cast. A step therefore reads the sill of the previous step, and a layer
 recomputed for gradient checkpointing reads the very sill its forward read and
 stages nothing more.
 """
@@ -35,7 +35,7 @@ stages nothing more.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -52,6 +52,7 @@ __all__ = [
     "FilterConfig",
     "FilterLayer",
     "Observation",
+    "run_stack",
     "check_groups",
     "default_log_precision",
     "valid_positions",
@@ -414,3 +415,38 @@ class FilterLayer(nn.Module):
                 attention=obs.weights, gate=obs.gate,
             )  # fmt: skip
         return h, BF.with_padding(lp_out, valid)
+
+
+LayerStep = Callable[[int, Any, Tensor, Tensor | None, bool], tuple[Tensor, Tensor | None]]
+
+
+def run_stack(
+    layers: Sequence[nn.Module], h: Tensor, log_prec: Tensor | None, step: LayerStep,
+    last_only: bool = False,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """The loop of every stack of filter layers (``BFTEncoder``, ``HSTUEncoder``,
+    ``LlamaModel``), so that none has to remember its parts.
+
+    1. the previous step's running-sill update is applied in every layer first
+       (``docs/spec.md``, The sill: a step reads the sill of the step before);
+    2. the precision threads through: layer ``l`` starts from the
+       ``log lambda''`` of layer ``l - 1``, layer 0 from ``log_prec`` (B, T, G),
+       or (B, T, 1) broadcast to the groups, or None (the block's default);
+    3. ``last_only`` reaches the last layer only (the earlier layers' keys and
+       values are every position's).
+
+    step: ``(index, layer, h, log_prec, last_only) -> (h, log_prec)``, the call
+    of one layer with the stack's own arguments (masks, times, caches).
+    Returns the last layer's output and precision, None in off mode.
+    """
+    for layer in layers:
+        assert isinstance(layer, FilterLayer)
+        layer.flush_sill()
+    first = layers[0]
+    assert isinstance(first, FilterLayer)
+    if log_prec is not None and log_prec.shape[-1] == 1:
+        log_prec = log_prec.expand(*log_prec.shape[:2], first.groups)
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        h, log_prec = step(i, layer, h, log_prec, last_only and i == last)
+    return h, None if first.precision == "off" else log_prec

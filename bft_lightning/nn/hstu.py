@@ -65,6 +65,7 @@ from bft_lightning.nn.filter import (
     Observation,
     check_groups,
     default_log_precision,
+    run_stack,
     valid_positions,
 )
 from bft_lightning.nn.stats import FilterStats
@@ -382,16 +383,11 @@ class HSTUEncoder(nn.Module):
         ``return_precision`` the final ``log lambda`` (B, T, G) too (None in off mode).
         ``last_only``: the last layer computes the last position only (B, 1, ...).
         """
-        h, lp = src, log_precision
-        if lp is not None and lp.shape[-1] == 1:
-            lp = lp.expand(*lp.shape[:2], self.groups)
-        for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
-            assert isinstance(layer, FilterLayer)
-            layer.flush_sill()
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            h, lp = layer(h, lp, src_key_padding_mask, is_causal, timestamps,
-                          last_only=last_only and i == last)  # fmt: skip
-        if self.precision == "off":
-            lp = None
+        h, lp = run_stack(
+            list(self.layers), src, log_precision,
+            lambda _, layer, h, lp, last: layer(
+                h, lp, src_key_padding_mask, is_causal, timestamps, last_only=last
+            ),
+            last_only,
+        )  # fmt: skip
         return (h, lp) if return_precision else h

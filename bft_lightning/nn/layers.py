@@ -32,6 +32,7 @@ from bft_lightning.nn.filter import (
     Observation,
     check_groups,
     default_log_precision,
+    run_stack,
     valid_positions,
 )
 from bft_lightning.nn.stats import FilterStats
@@ -330,20 +331,16 @@ class BFTEncoder(nn.Module):
         (``BFTEncoderLayer.forward``): what evaluation reads.
         """
         causal = bool(is_causal)
-        h, lp = src, log_precision
-        if lp is not None and lp.shape[-1] == 1:
-            lp = lp.expand(*lp.shape[:2], self.first_layer.groups)
-        for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
-            assert isinstance(layer, FilterLayer)
-            layer.flush_sill()
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            h, lp = layer(h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
-                          attn_mask=mask, last_only=last_only and i == last)  # fmt: skip
+        h, lp = run_stack(
+            list(self.layers), src, log_precision,
+            lambda _, layer, h, lp, last: layer(
+                h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
+                attn_mask=mask, last_only=last,
+            ),
+            last_only,
+        )  # fmt: skip
         if self.norm is not None:
             h = self.norm(h)
-        if self.precision == "off":
-            lp = None
         return (h, lp) if return_precision else h
 
     @classmethod

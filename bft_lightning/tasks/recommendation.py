@@ -27,7 +27,7 @@ from bft_lightning.losses import LOSSES, batch_loss, build_loss, check_normaliza
 from bft_lightning.metrics import RankingMetric, write_report
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
-from bft_lightning.nn.stats import find_filter_layers, set_recording
+from bft_lightning.nn.stats import last_position_gain, set_recording
 from bft_lightning.retrieval import target_ranks
 from bft_lightning.tasks import checkpoint as ckpt
 from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
@@ -277,12 +277,7 @@ class SequentialRecommendation(L.LightningModule):
 
     def _last_position_gain(self) -> Tensor | None:
         """Mean Kalman gain over layers and groups at the predicting position, (B,)."""
-        gains = [
-            layer.last_stats.gain[:, -1].mean(-1)
-            for _, layer in find_filter_layers(self.model)
-            if layer.last_stats is not None
-        ]
-        return torch.stack(gains).mean(0) if gains and self.model.precision == "on" else None
+        return last_position_gain(self.model) if self.model.precision == "on" else None
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, self.val_metric)
