@@ -1,4 +1,4 @@
-"""Noisy SFT on generated extractive QA (``bft_lightning.datamodules.synthetic_qa``).
+"""Noisy SFT on generated extractive QA (``bft_lightning.lm.data.synthetic_qa``).
 
 A task a small Llama-style model learns well on a CPU, so that label noise and
 distractors have room to hurt (the SQuAD CPU protocol of ``reproduce_lm.py``
@@ -41,17 +41,17 @@ import lightning as L
 import numpy as np
 import torch
 
-from bft_lightning.datamodules.synthetic_qa import (
+from bft_lightning.lm.data.synthetic_qa import (
     FACT_ORDERS,
     SyntheticQADataModule,
     SyntheticQAPretrainDataModule,
     collate_synthetic,
 )
-from bft_lightning.metrics.qa import qa_scores
-from bft_lightning.models.llama import BFTOptions, LlamaConfig
+from bft_lightning.lm.metrics import qa_scores
+from bft_lightning.lm.model import BFTOptions, LlamaConfig
+from bft_lightning.lm.task import LanguageSFT
 from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.stats import set_recording
-from bft_lightning.tasks.language import LanguageSFT
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "lm"

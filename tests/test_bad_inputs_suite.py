@@ -33,16 +33,16 @@ import pytest
 import torch
 
 from bft_lightning.datamodules import SequenceDataModule
-from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.lm.data.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.lm.llama_format import CheckpointError
+from bft_lightning.lm.model import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.task import LanguageSFT
 from bft_lightning.models import HSTU, BERT4Rec, SASRec
-from bft_lightning.models.checkpoint import CheckpointError
-from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
 from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer, RelativeAttentionBias
 from bft_lightning.tasks import SequentialRecommendation
-from bft_lightning.tasks.language import LanguageSFT
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -494,7 +494,7 @@ LM: list[tuple[str, Callable[[Path], None], str, type[BaseException]]] = [
 
 def _to_bin(folder: Path, content: bytes | None = None, nan: str | None = None) -> None:
     """The same weights as a legacy ``pytorch_model.bin`` (no BFT files, no shards)."""
-    from bft_lightning.models.checkpoint import read_state_dict
+    from bft_lightning.lm.llama_format import read_state_dict
 
     state = read_state_dict(folder)
     for p in folder.iterdir():
@@ -537,7 +537,7 @@ def _bft_tensor(folder: Path, change: Callable[[torch.Tensor], torch.Tensor]) ->
 def test_the_shapes_checked_are_the_models_own(changes):
     """``llama_tensor_shapes`` (the sizes checked before allocating) equals the
     Llama part of the state dict of the model the config builds."""
-    from bft_lightning.models.llama import is_bft_key, llama_tensor_shapes
+    from bft_lightning.lm.model import is_bft_key, llama_tensor_shapes
 
     config = LlamaConfig(**{**SMALL_LLAMA, **changes})
     with torch.device("meta"):
@@ -608,7 +608,7 @@ TOKENIZER: list[tuple[str, Callable[[Path], None], str]] = [
 
 
 def test_the_small_tokenizer_loads_when_undamaged(lm_source, tmp_path):
-    from bft_lightning.models.checkpoint import load_tokenizer
+    from bft_lightning.lm.llama_format import load_tokenizer
 
     _copy(lm_source, tmp_path / "lm")
     _tokenizer(tmp_path / "lm")
@@ -618,7 +618,7 @@ def test_the_small_tokenizer_loads_when_undamaged(lm_source, tmp_path):
 
 @pytest.mark.parametrize("row", TOKENIZER, ids=lambda r: r[0])
 def test_bad_tokenizer_is_refused(row, lm_source, tmp_path, monkeypatch):
-    from bft_lightning.models.checkpoint import load_tokenizer
+    from bft_lightning.lm.llama_format import load_tokenizer
 
     name, damage, message = row
     inp = tmp_path / "in"

@@ -30,8 +30,8 @@ def test_there_are_lm_experiments() -> None:
 @pytest.mark.parametrize("config", EXPERIMENTS, ids=lambda p: p.stem)
 def test_lm_experiment_parses(config: Path) -> None:
     cli = parse(["--config", str(config)])
-    assert cli.config["model"]["class_path"] == "bft_lightning.tasks.language.LanguageSFT"
-    assert cli.config["data"]["class_path"].startswith("bft_lightning.datamodules.qa.")
+    assert cli.config["model"]["class_path"] == "bft_lightning.lm.task.LanguageSFT"
+    assert cli.config["data"]["class_path"].startswith("bft_lightning.lm.data.qa.")
 
 
 def test_tinyllama_overrides() -> None:

@@ -5,14 +5,15 @@ wrote them with that code, ``expected.pt`` holding its outputs)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from bft_lightning.lm.task import LanguageSFT
 from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.serving.recommender import Recommender
-from bft_lightning.tasks.language import LanguageSFT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,10 +50,47 @@ def test_language_model_lightning_checkpoint_with_flat_options_loads() -> None:
 
 def test_language_model_export_with_flat_options_loads() -> None:
     assert json.loads((SAVED / "lm_export" / "bft_options.json").read_text())["q_init"] == 0.02
-    from bft_lightning.models.llama import LlamaForCausalLM
+    from bft_lightning.lm.model import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(SAVED / "lm_export")
     assert model.bft_state_loaded and model.bft.filter.attention_gate == "sigmoid"
     x = torch.arange(3, 21).view(2, 9)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x).logits, expected()["lm_logits"])
+
+
+def test_old_import_paths_give_the_moved_classes_with_a_warning() -> None:
+    import importlib
+
+    from bft_lightning.lm.data.qa import QADataModule
+    from bft_lightning.lm.model import LlamaForCausalLM
+    from bft_lightning.lm.task import LanguageSFT as Moved
+
+    for old, name, new in [
+        ("bft_lightning.models.llama", "LlamaForCausalLM", LlamaForCausalLM),
+        ("bft_lightning.tasks.language", "LanguageSFT", Moved),
+        ("bft_lightning.datamodules.qa.datamodule", "QADataModule", QADataModule),
+    ]:
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to bft_lightning.lm"):
+            module = importlib.import_module(old)
+        assert getattr(module, name) is new
+
+
+def test_old_language_model_config_parses_and_builds() -> None:
+    """A config with the old class paths and flat BFT options builds the same classes."""
+    import lightning as L
+    from jsonargparse import ArgumentParser
+
+    from bft_lightning.lm.data.synthetic_qa import SyntheticQADataModule
+
+    parser = ArgumentParser()
+    parser.add_subclass_arguments(L.LightningModule, "model")
+    parser.add_subclass_arguments(L.LightningDataModule, "data")
+    text = (SAVED / "lm_config.yaml").read_text(encoding="utf-8")
+    built = parser.instantiate_classes(parser.parse_string(text))
+    assert isinstance(built.model, LanguageSFT)
+    assert isinstance(built.data, SyntheticQADataModule)
+    assert built.model.model.bft.filter == FilterConfig(
+        precision="on", q_init=0.02, attention_gate="sigmoid"
+    )

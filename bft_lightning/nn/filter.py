@@ -149,8 +149,9 @@ class FilterConfig:
 
         flat: field name -> value; None means "not given" (every field whose
             value may be None has None as its default).
-        base: the typed form given beside the flat one (the ``filter`` option;
-            None or equal to ``defaults`` means not given). Giving both is
+        base: the typed form given beside the flat one (the ``filter`` option,
+            or the dict of its fields that a checkpoint records; None or equal
+            to ``defaults`` means not given). Giving both is
             refused, naming the first flat option that differs from
             ``defaults``: two sources of one field would silently shadow each other.
         defaults: the values of fields the flat options leave out (the class's
@@ -162,6 +163,8 @@ class FilterConfig:
             raise ValueError(f"{unknown[0]} is not a filter option (the options: {options})")
         start = cls() if defaults is None else defaults
         given = {k: v for k, v in flat.items() if v is not None}
+        if isinstance(base, Mapping):
+            base = cls(**base)
         if base is not None and not isinstance(base, FilterConfig):
             raise ValueError(f"filter must be a FilterConfig, got {type(base).__name__}")
         if base is None or base == start:

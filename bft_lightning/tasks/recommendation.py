@@ -32,7 +32,7 @@ from bft_lightning.retrieval import target_ranks
 from bft_lightning.tasks import checkpoint as ckpt
 from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
 from bft_lightning.tasks.ddp import global_mean
-from bft_lightning.tasks.optim import configure_adamw
+from bft_lightning.utils.optim import configure_adamw
 
 __all__ = ["CHECKPOINT_KEY", "SequentialRecommendation", "backbone_spec", "trim_left_padding"]
 

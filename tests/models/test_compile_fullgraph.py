@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from bft_lightning.lm.config import LlamaConfig
+from bft_lightning.lm.model import LlamaForCausalLM
+from bft_lightning.lm.options import BFTOptions
 from bft_lightning.models import HSTU, BERT4Rec, SASRec
-from bft_lightning.models.bft_options import BFTOptions
-from bft_lightning.models.llama import LlamaForCausalLM
-from bft_lightning.models.llama_config import LlamaConfig
 from bft_lightning.nn.filter import FilterConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from lm_helpers import TINY, write_hf_checkpoint
 
-from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, weight_files
-from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.llama_format import CheckpointError, load_tokenizer, weight_files
+from bft_lightning.lm.model import BFTOptions, LlamaConfig, LlamaForCausalLM
 from bft_lightning.nn.filter import FilterConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
@@ -368,7 +368,7 @@ def test_prompt_reads_like_running_text_with_a_sentencepiece_tokenizer(tmp_path)
     question and the answer as continuations: no stray start markers inside."""
     from tokenizers import Tokenizer
 
-    from bft_lightning.datamodules.qa import Passage, QAExample, encode_example
+    from bft_lightning.lm.data.qa import Passage, QAExample, encode_example
 
     path = _sentencepiece_style(tmp_path, "prepend")
     tok, raw = load_tokenizer(path), Tokenizer.from_file(str(path))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from lm_helpers import TINY
 
-from bft_lightning.models.llama import (
+from bft_lightning.lm.model import (
     BFTOptions,
     LlamaConfig,
     LlamaForCausalLM,

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from lm_helpers import write_squad_file
 
-from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule
-from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.data.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.lm.model import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.task import LanguageSFT, token_loss
 from bft_lightning.nn.filter import FilterConfig
-from bft_lightning.tasks.language import LanguageSFT, token_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
 
