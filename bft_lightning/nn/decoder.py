@@ -49,7 +49,7 @@ from bft_lightning.nn.filter import (
     check_groups,
     default_log_precision,
 )
-from bft_lightning.nn.kernels import IMPLS, KrigingStats, attend
+from bft_lightning.nn.kernels import KrigingStats, attend, impl_names
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
@@ -135,7 +135,7 @@ class LlamaAttention(nn.Module):
         check_dropout("dropout", dropout)
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
-        check_choice("attention_impl", impl, IMPLS)
+        check_choice("attention_impl", impl, impl_names())
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.dropout, self.impl, self.chunk_size = dropout, impl, chunk_size
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)

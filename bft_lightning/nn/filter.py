@@ -116,7 +116,7 @@ class FilterConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_choice("gain", self.gain, ("group", "head"))
         check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
-        check_choice("attention_impl", self.attention_impl, kernels.IMPLS)
+        check_choice("attention_impl", self.attention_impl, kernels.impl_names())
         check_int("attention_chunk", self.attention_chunk)
         check_choice("backward", self.backward, ("custom", "autograd"))
         if self.gain == "head" and self.attention_gate is not None:

@@ -76,9 +76,13 @@ KERNELS: dict[str, Kernel] = {
 }
 
 AUTO = "auto"
-IMPLS: tuple[str, ...] = (AUTO, *KERNELS)  # the values of attention_impl
+__all__ = ["AUTO", "KERNELS", "Kernel", "KrigingStats", "attend", "impl_names", "resolve"]
 
-__all__ = ["AUTO", "IMPLS", "KERNELS", "Kernel", "KrigingStats", "attend", "resolve"]
+
+def impl_names() -> tuple[str, ...]:
+    """The values of ``attention_impl``: ``"auto"`` and the names in :data:`KERNELS`
+    (read at the call, so a kernel registered later is one too)."""
+    return (AUTO, *KERNELS)
 
 
 def resolve(impl: str) -> str:
@@ -109,8 +113,8 @@ def attend(
     statistics with ``with_stats`` (else None). The statistics are float32 on
     every kernel, also under autocast.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"attention_impl must be one of {IMPLS}, got {impl!r}")
+    if impl not in impl_names():
+        raise ValueError(f"attention_impl must be one of {impl_names()}, got {impl!r}")
     kernel = KERNELS[resolve(impl)]
     if need_weights:  # only the reference materialises the weights
         if with_stats:
