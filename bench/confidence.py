@@ -140,7 +140,7 @@ def signals(task: nn.Module, loader: object, freq: Tensor, mc: int) -> dict[str,
         batch = trim_left_padding(batch, keep_one=True)
         ids, times, target = batch["input_ids"], batch.get("input_time"), batch["target"]
         set_recording(model, on)
-        hidden, lp = model.last_hidden(ids, times)
+        hidden, lp, scale = model.last_encoded(ids, times)
         sigma = hook.sigma
         assert sigma is not None
         layers = [layer for _, layer in find_filter_layers(model) if layer.last_stats is not None]
@@ -162,11 +162,11 @@ def signals(task: nn.Module, loader: object, freq: Tensor, mc: int) -> dict[str,
         put("history_len", batch["history_len"].float())
         put("last_item_pop", torch.log1p(freq[ids[:, -1]].float()))
         put("lidu_pl", plackett_luce_log_prob(top10))
-        put("shipped", recommendation_confidence(model, hidden, lp, top10))
+        put("shipped", recommendation_confidence(model, hidden, lp, top10, scale))
         # the library's calibration features (what `calibrate` fits and `recommend` applies)
         log_count = torch.log1p(freq.float())
         put("calibration_features", confidence_features(
-            model, lp, top11, 10, (ids > 0).sum(1), ids[:, -1], log_count))  # fmt: skip
+            model, lp, top11, 10, (ids > 0).sum(1), ids[:, -1], log_count, scale))  # fmt: skip
         if on:
             assert lp is not None
             put("bft_log_prec", final_log_precision(lp))

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import layer_overhead as lo  # noqa: E402
 
 from bft_lightning.nn import HSTUEncoder, HSTULayer  # noqa: E402
+from bft_lightning.nn.filter import FilterConfig
 
 ARCHS = ("encoder", "llama", "hstu")
 # ATen leaf operators that make views, metadata or uninitialised storage: no kernel runs
@@ -85,7 +86,9 @@ class HSTUBlock(nn.Module):
 
     def __init__(self, d: int, h: int, t: int, precision: str) -> None:
         super().__init__()
-        self.enc = HSTUEncoder(HSTULayer(d, h, t, dropout=0.1, precision=precision), 1)
+        self.enc = HSTUEncoder(
+            HSTULayer(d, h, t, dropout=0.1, config=FilterConfig(precision=precision)), 1
+        )
 
     def forward(self, x: torch.Tensor, src_key_padding_mask: torch.Tensor, is_causal: bool = True):  # type: ignore[no-untyped-def]
         return self.enc(x, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)

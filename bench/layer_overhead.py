@@ -34,6 +34,7 @@ from torch import nn
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer
 from bft_lightning.nn import functional_llama as FL
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
+from bft_lightning.nn.filter import FilterConfig
 
 SHAPES = [(128, 50, 64, 2), (64, 200, 64, 2), (8, 1024, 256, 4), (2, 4096, 256, 4)]
 
@@ -45,8 +46,8 @@ class LlamaLayer(nn.Module):
     def __init__(self, d: int, h: int, precision: str, impl: str, chunk: int) -> None:
         super().__init__()
         self.layer = BFTLlamaDecoderLayer(
-            d, h, max(1, h // 4), d_ff=8 * d // 3, precision=precision,
-            attention_impl=impl, attention_chunk=chunk,
+            d, h, max(1, h // 4), d_ff=8 * d // 3,
+            config=FilterConfig(precision=precision, attention_impl=impl, attention_chunk=chunk),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor, src_key_padding_mask: torch.Tensor, is_causal: bool = True):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Noisy SFT on generated extractive QA (``bft_lightning.datamodules.synthetic_qa``).
+"""Noisy SFT on generated extractive QA (``bft_lightning.lm.data.synthetic_qa``).
 
 A task a small Llama-style model learns well on a CPU, so that label noise and
 distractors have room to hurt (the SQuAD CPU protocol of ``reproduce_lm.py``
@@ -41,16 +41,17 @@ import lightning as L
 import numpy as np
 import torch
 
-from bft_lightning.datamodules.synthetic_qa import (
+from bft_lightning.lm.data.synthetic_qa import (
     FACT_ORDERS,
     SyntheticQADataModule,
     SyntheticQAPretrainDataModule,
     collate_synthetic,
 )
-from bft_lightning.metrics.qa import qa_scores
-from bft_lightning.models.llama import BFTOptions, LlamaConfig
+from bft_lightning.lm.metrics import qa_scores
+from bft_lightning.lm.model import BFTOptions, LlamaConfig
+from bft_lightning.lm.task import LanguageSFT
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.stats import set_recording
-from bft_lightning.tasks.language import LanguageSFT
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "lm"
@@ -291,7 +292,7 @@ def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int
     t_data = time.time() - t_data
     task = LanguageSFT(
         checkpoint_dir=str(work / f"base-{a.model}"),
-        bft=BFTOptions(precision=precision),
+        bft=BFTOptions(filter=FilterConfig(precision=precision)),
         focal_gamma=2.0,
         lr=a.lr,
         warmup_steps=10,

@@ -53,10 +53,11 @@ import lightning as L
 import numpy as np
 import torch
 
-from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule, collate_qa, data_root
-from bft_lightning.models.llama import BFTOptions, LlamaConfig
+from bft_lightning.lm.data.qa import QADataModule, QAPretrainDataModule, collate_qa, data_root
+from bft_lightning.lm.model import BFTOptions, LlamaConfig
+from bft_lightning.lm.task import LanguageSFT
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.stats import set_recording
-from bft_lightning.tasks.language import LanguageSFT
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = {  # name -> (loss, precision)
@@ -237,7 +238,7 @@ def run_sft(
     )
     task = LanguageSFT(
         checkpoint_dir=str(work / "base"),
-        bft=BFTOptions(precision=precision),
+        bft=BFTOptions(filter=FilterConfig(precision=precision)),
         loss=loss,
         focal_gamma=2.0,
         lr=1e-3,
@@ -291,7 +292,7 @@ def run_sft(
 
 
 def _scores(pred: str, golds: list[str]) -> tuple[float, float]:
-    from bft_lightning.metrics.qa import qa_scores
+    from bft_lightning.lm.metrics import qa_scores
 
     return qa_scores(pred, golds)
 
@@ -590,7 +591,7 @@ def checkpoint_run(
     )
     task = LanguageSFT(
         checkpoint_dir=str(a.checkpoint_dir),
-        bft=BFTOptions(precision=precision),
+        bft=BFTOptions(filter=FilterConfig(precision=precision)),
         lr=a.lr,
         warmup_steps=a.warmup_steps,
         cosine=True,

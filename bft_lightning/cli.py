@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
@@ -23,6 +23,7 @@ import bft_lightning.callbacks  # noqa: F401  (short names for --trainer.callbac
 import bft_lightning.datamodules  # noqa: F401
 import bft_lightning.models  # noqa: F401
 import bft_lightning.tasks  # noqa: F401
+from bft_lightning.models.base import fold_flat_filter_options
 from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 from bft_lightning.utils.errors import run_with_clear_errors
 
@@ -74,9 +75,11 @@ class BFTCLI(LightningCLI):
         return parser
 
     def before_instantiate_classes(self) -> None:
-        check_launch(
-            self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        )
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        backbone = config.get("model.init_args.backbone")
+        if isinstance(backbone, Namespace):  # flat filter flags over the config's `filter:`
+            fold_flat_filter_options(backbone.get("init_args"))
+        check_launch(config)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         saved = sys.argv

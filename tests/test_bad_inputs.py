@@ -31,7 +31,7 @@ import torch
 
 from bft_lightning.cli import main
 from bft_lightning.datamodules import SequenceDataModule
-from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, read_state_dict
+from bft_lightning.lm.llama_format import CheckpointError, load_tokenizer, read_state_dict
 from bft_lightning.utils import CheckpointLoadError, atomic_torch_save
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -175,8 +175,8 @@ def nan_weights(checkpoint: dict) -> None:
 
 
 def language_model_state(checkpoint: dict) -> None:
-    from bft_lightning.models.llama import LlamaConfig
-    from bft_lightning.tasks.language import LanguageSFT
+    from bft_lightning.lm.model import LlamaConfig
+    from bft_lightning.lm.task import LanguageSFT
 
     config = LlamaConfig(
         vocab_size=16,
@@ -188,7 +188,7 @@ def language_model_state(checkpoint: dict) -> None:
     )
     checkpoint["state_dict"] = LanguageSFT(config=config).state_dict()
     checkpoint.pop("bft_lightning", None)
-    checkpoint["hyper_parameters"] = {"_class_path": "bft_lightning.tasks.language.LanguageSFT"}
+    checkpoint["hyper_parameters"] = {"_class_path": "bft_lightning.lm.task.LanguageSFT"}
 
 
 def foreign_state(checkpoint: dict) -> None:
@@ -253,8 +253,8 @@ def lm_tokenizer_40(inp: Path, ckpt: Path) -> None:
 
 
 def lm_tokenizer_mismatch(inp: Path, out: Path) -> None:
-    from bft_lightning.models.llama import LlamaConfig
-    from bft_lightning.tasks.language import LanguageSFT
+    from bft_lightning.lm.model import LlamaConfig
+    from bft_lightning.lm.task import LanguageSFT
 
     config = {k: v for k, v in LM_CONFIG.items() if k != "eos_token_id"}
     task = LanguageSFT(config=LlamaConfig(**config))  # a model with 16 ids
@@ -560,7 +560,7 @@ BAD = [
         cli_run("--ckpt_path={in}/model.ckpt"),
         CLIError,
         r"{in}/model.ckpt: checkpoint from another model: saved from "
-        r"bft_lightning.tasks.language.LanguageSFT, the config builds "
+        r"bft_lightning.lm.task.LanguageSFT, the config builds "
         r"bft_lightning.tasks.SequentialRecommendation",
     ),
     Bad(
@@ -612,7 +612,7 @@ BAD = [
         CLIError,
         r"checkpoint not found: {in}/gone.ckpt",
     ),
-    # -- language-model checkpoints (bft_lightning.models.checkpoint)
+    # -- language-model checkpoints (bft_lightning.lm.llama_format)
     Bad(
         "lm_checkpoint_without_weights",
         lm_config_only,

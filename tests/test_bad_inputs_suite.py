@@ -33,15 +33,16 @@ import pytest
 import torch
 
 from bft_lightning.datamodules import SequenceDataModule
-from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.lm.data.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.lm.llama_format import CheckpointError
+from bft_lightning.lm.model import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.task import LanguageSFT
 from bft_lightning.models import HSTU, BERT4Rec, SASRec
-from bft_lightning.models.checkpoint import CheckpointError
-from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
+from bft_lightning.nn.filter import FilterConfig
 from bft_lightning.nn.hstu import HSTUEncoder, HSTULayer, RelativeAttentionBias
 from bft_lightning.tasks import SequentialRecommendation
-from bft_lightning.tasks.language import LanguageSFT
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -139,7 +140,8 @@ HYPER = [
     c("hstu_max_len_0", lambda: HSTULayer(16, 2, 0), r"max_len must be an integer >= 1, got 0"),
     c("hstu_linear_dim_0", lambda: HSTULayer(16, 2, 8, linear_dim=0), r"linear_dim must be"),
     c("hstu_dropout_1", lambda: HSTULayer(16, 2, 8, dropout=1.0), r"dropout must be in \[0, 1\)"),
-    c("hstu_q_init_neg", lambda: HSTULayer(16, 2, 8, q_init=-1.0), r"q_init must be"),
+    c("hstu_q_init_neg", lambda: HSTULayer(16, 2, 8, config=FilterConfig(q_init=-1.0)),
+      r"q_init must be"),
     c("hstu_buckets_0", lambda: HSTULayer(16, 2, 8, num_buckets=0), r"num_buckets must be"),
     c("rab_buckets_0", lambda: RelativeAttentionBias(8, 0), r"num_buckets must be an integer"),
     c("sasrec_num_items_float", lambda: SASRec(10.5), r"num_items must be an integer >= 1"),
@@ -151,10 +153,11 @@ HYPER = [
     c("decoder_heads_3", lambda: BFTLlamaDecoderLayer(16, 3), r"n_heads must divide d_model=16"),
     c("decoder_kv_heads_3", lambda: BFTLlamaDecoderLayer(16, 4, n_kv_heads=3),
       r"n_kv_heads must divide n_heads=4, got n_kv_heads=3"),
-    c("decoder_groups_5", lambda: BFTLlamaDecoderLayer(16, 4, groups=5),
+    c("decoder_groups_5", lambda: BFTLlamaDecoderLayer(16, 4, config=FilterConfig(groups=5)),
       r"groups=5 must be a positive divisor of d_model=16"),
     c("decoder_dropout_1", lambda: BFTLlamaDecoderLayer(16, 4, dropout=1.0), r"dropout must be in"),
-    c("decoder_q_init_neg", lambda: BFTLlamaDecoderLayer(16, 4, q_init=-0.5), r"q_init must be"),
+    c("decoder_q_init_neg", lambda: BFTLlamaDecoderLayer(16, 4, config=FilterConfig(q_init=-0.5)),
+      r"q_init must be"),
     c("decoder_eps_neg", lambda: BFTLlamaDecoderLayer(16, 4, rms_norm_eps=-1e-6),
       r"rms_norm_eps must be"),
     # backbones
@@ -191,11 +194,15 @@ HYPER = [
     c("llama_eos_out_of_vocab", lambda: LlamaConfig(vocab_size=100, eos_token_id=100),
       r"eos_token_id must be None or an id in \[0, vocab_size=100\), got 100"),
     c("bft_dropout_1", lambda: BFTOptions(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
-    c("bft_q_init_neg", lambda: BFTOptions(q_init=-1.0), r"q_init must be a finite number > 0"),
-    c("bft_precision", lambda: BFTOptions(precision="true"), r"precision must be one of"),
-    c("bft_groups_0", lambda: BFTOptions(groups=0), r"groups must be an integer >= 1 or None"),
+    c("bft_q_init_neg", lambda: BFTOptions(filter=FilterConfig(q_init=-1.0)),
+      r"q_init must be a finite number > 0"),
+    c("bft_precision", lambda: BFTOptions(filter=FilterConfig(precision="true")),
+      r"precision must be one of"),
+    c("bft_groups_0", lambda: BFTOptions(filter=FilterConfig(groups=0)),
+      r"groups must be an integer >= 1 or None"),
     c("bft_prior_scale_0", lambda: BFTOptions(prior_scale=0.0), r"prior_scale must be"),
-    c("bft_impl", lambda: BFTOptions(attention_impl="flash"), r"attention_impl must be one of"),
+    c("bft_impl", lambda: BFTOptions(filter=FilterConfig(attention_impl="flash")),
+      r"attention_impl must be one of"),
     # tasks
     c("task_lr_neg", lambda: SequentialRecommendation(10, lr=-1.0), r"lr must be >= 0, got -1.0"),
     c("task_negatives_0", lambda: SequentialRecommendation(10, num_negatives=0),
@@ -311,7 +318,9 @@ def test_bad_config_value_names_the_field(case, tmp_path, monkeypatch, capsys):
 def lm_source(tmp_path_factory) -> Path:
     """A small BFT Llama saved in two shards (index + shards + BFT files)."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMALL_LLAMA), BFTOptions(precision="on"))
+    model = LlamaForCausalLM(
+        LlamaConfig(**SMALL_LLAMA), BFTOptions(filter=FilterConfig(precision="on"))
+    )
     out = tmp_path_factory.mktemp("lm_source")
     model.save_pretrained(out, max_shard_bytes=8_000)
     return out
@@ -485,7 +494,7 @@ LM: list[tuple[str, Callable[[Path], None], str, type[BaseException]]] = [
 
 def _to_bin(folder: Path, content: bytes | None = None, nan: str | None = None) -> None:
     """The same weights as a legacy ``pytorch_model.bin`` (no BFT files, no shards)."""
-    from bft_lightning.models.checkpoint import read_state_dict
+    from bft_lightning.lm.llama_format import read_state_dict
 
     state = read_state_dict(folder)
     for p in folder.iterdir():
@@ -528,11 +537,13 @@ def _bft_tensor(folder: Path, change: Callable[[torch.Tensor], torch.Tensor]) ->
 def test_the_shapes_checked_are_the_models_own(changes):
     """``llama_tensor_shapes`` (the sizes checked before allocating) equals the
     Llama part of the state dict of the model the config builds."""
-    from bft_lightning.models.llama import is_bft_key, llama_tensor_shapes
+    from bft_lightning.lm.model import is_bft_key, llama_tensor_shapes
 
     config = LlamaConfig(**{**SMALL_LLAMA, **changes})
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, BFTOptions(precision="on", attention_gate="sigmoid"))
+        model = LlamaForCausalLM(
+            config, BFTOptions(filter=FilterConfig(precision="on", attention_gate="sigmoid"))
+        )
     own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not is_bft_key(k)}
     if config.tie_word_embeddings:
         own.pop("lm_head.weight")
@@ -597,7 +608,7 @@ TOKENIZER: list[tuple[str, Callable[[Path], None], str]] = [
 
 
 def test_the_small_tokenizer_loads_when_undamaged(lm_source, tmp_path):
-    from bft_lightning.models.checkpoint import load_tokenizer
+    from bft_lightning.lm.llama_format import load_tokenizer
 
     _copy(lm_source, tmp_path / "lm")
     _tokenizer(tmp_path / "lm")
@@ -607,7 +618,7 @@ def test_the_small_tokenizer_loads_when_undamaged(lm_source, tmp_path):
 
 @pytest.mark.parametrize("row", TOKENIZER, ids=lambda r: r[0])
 def test_bad_tokenizer_is_refused(row, lm_source, tmp_path, monkeypatch):
-    from bft_lightning.models.checkpoint import load_tokenizer
+    from bft_lightning.lm.llama_format import load_tokenizer
 
     name, damage, message = row
     inp = tmp_path / "in"

@@ -29,7 +29,9 @@ def parse(args: list[str]) -> ParseOnly:
 @pytest.mark.parametrize("config", EXPERIMENTS, ids=lambda p: p.stem)
 def test_every_experiment_config_parses(config: Path) -> None:
     cli = parse(["--config", str(config)])
-    assert cli.config["model"]["class_path"].startswith("bft_lightning.tasks.")
+    assert cli.config["model"]["class_path"].startswith(
+        ("bft_lightning.tasks.", "bft_lightning.lm.task.")
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@ def test_there_are_lm_experiments() -> None:
 @pytest.mark.parametrize("config", EXPERIMENTS, ids=lambda p: p.stem)
 def test_lm_experiment_parses(config: Path) -> None:
     cli = parse(["--config", str(config)])
-    assert cli.config["model"]["class_path"] == "bft_lightning.tasks.language.LanguageSFT"
-    assert cli.config["data"]["class_path"].startswith("bft_lightning.datamodules.qa.")
+    assert cli.config["model"]["class_path"] == "bft_lightning.lm.task.LanguageSFT"
+    assert cli.config["data"]["class_path"].startswith("bft_lightning.lm.data.qa.")
 
 
 def test_tinyllama_overrides() -> None:
@@ -40,5 +40,5 @@ def test_tinyllama_overrides() -> None:
         "--model.init_args.checkpoint_dir=/models/tl", "--data.init_args.noise_rate=0.4",
     ])  # fmt: skip
     init = cli.config["model"]["init_args"]
-    assert init["checkpoint_dir"] == "/models/tl" and init["bft"]["precision"] == "on"
+    assert init["checkpoint_dir"] == "/models/tl" and init["bft"]["filter"]["precision"] == "on"
     assert cli.config["data"]["init_args"]["noise_rate"] == 0.4

@@ -10,9 +10,9 @@ and builds its own encoder (``build_encoder``). Batches follow the
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +20,30 @@ from torch import Tensor, nn
 
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, MLPPrecisionPrior, PrecisionPrior
 from bft_lightning.nn.checks import check_dropout, check_number, check_sizes
-from bft_lightning.nn.filter import FilterConfig
+from bft_lightning.nn.filter import FILTER_FIELDS, FilterConfig
 from bft_lightning.nn.prior import PRIOR_INITS
 
 PRIOR_KINDS = ("table", "mlp")
+# the filter options a recommender runs with when neither form names them
+MODEL_FILTER_DEFAULTS = FilterConfig(precision="off")
 HEADS = ("dot", "precision")
+
+
+class Encoded(NamedTuple):
+    """What the encoder gives its callers.
+
+    hidden: the normalised states the head scores, (B, L, d) or, at the
+        predicting position, (B, d).
+    log_precision: the final ``log lambda`` in the encoder's units, (B, L, G)
+        or (B, G); None in off mode.
+    norm_scale: (B,) the final norm's divisor ``sigma(h)`` at the last position:
+        a variance ``1 / lambda`` of ``h`` is ``1 / (lambda sigma^2)`` in the
+        state that is scored (``serving.confidence`` reads it as an argument).
+    """
+
+    hidden: Tensor
+    log_precision: Tensor | None
+    norm_scale: Tensor
 
 
 class SequentialRecommender(nn.Module):
@@ -57,9 +76,10 @@ class SequentialRecommender(nn.Module):
             twin runs PyTorch's fused attention), ``"blockwise"`` (one pass over key
             blocks, a ``torch.library`` custom op that ``torch.compile`` keeps in one
             graph) or ``"reference"`` (materialised weights, ``docs/spec.md``'s
-            reference). Same values and gradients. None (default): ``"chunked"``,
-            and ``"blockwise"`` when the task compiles the model
-            (:meth:`use_compile_kernel`). HSTU has its own attention.
+            reference); or ``"auto"`` (the default, also for None): ``"chunked"``
+            in eager mode and ``"blockwise"`` while ``torch.compile`` traces
+            (resolved by ``nn.kernels.resolve``). Same values and gradients. HSTU
+            has its own attention.
         attention_chunk: query block size of the chunked path.
         gain: ``"group"`` (``docs/spec.md``: a Kalman gain per residual group after
             ``W_O``) or ``"head"`` (a gain per head before ``W_O``; see
@@ -73,11 +93,15 @@ class SequentialRecommender(nn.Module):
             is the same inside a longer row and alone). On Amazon Beauty the two
             peaked at about the same validation NDCG@10 (``results/perf/notes.md``).
         filter: the filter options as one typed ``FilterConfig`` (YAML:
-            ``filter: {precision: "on", groups: null, ...}``), instead of the flat
-            ``precision``, ``groups``, ``q_init``, ``nu0``, ``attention_gate``,
-            ``attention_impl``, ``attention_chunk``, ``gain`` and ``key_precision``
-            above (which stay for old configs and checkpoints; give one form or
-            the other). Its ``predict_noise`` is set per layer by the model.
+            ``filter: {precision: "on", groups: null, ...}``; the shipped configs'
+            form). The flat ``precision``, ``groups``, ``q_init``, ``nu0``,
+            ``attention_gate``, ``attention_impl``, ``attention_chunk``, ``gain``
+            and ``key_precision`` above are the same options spelled flat, for
+            configs and checkpoints written before ``filter`` existed and for short
+            command lines; they become a ``FilterConfig`` in one place,
+            ``FilterConfig.from_flat``. Give one form or the other (a ``filter``
+            left at its default counts as not given). Its ``predict_noise`` is
+            set per layer by the model.
     """
 
     causal: ClassVar[bool] = True
@@ -108,19 +132,15 @@ class SequentialRecommender(nn.Module):
         gain: str = "group",
         key_precision: bool = True,
         positions: str = "from_end",
-        filter: FilterConfig | None = None,
+        filter: FilterConfig = MODEL_FILTER_DEFAULTS,
     ) -> None:
         super().__init__()
         flat = dict(
             precision=precision, groups=groups, q_init=q_init, nu0=nu0,
-            attention_gate=attention_gate, attention_impl=attention_impl or "chunked",
+            attention_gate=attention_gate, attention_impl=attention_impl,
             attention_chunk=attention_chunk, gain=gain, key_precision=key_precision,
         )  # fmt: skip
-        config = _filter_config(filter, flat)
-        # the kernel was left to the model: compiling may pick the compile-friendly one
-        self.attention_impl_chosen = (
-            attention_impl is not None or config.attention_impl != "chunked"
-        )
+        config = FilterConfig.from_flat(flat, filter, defaults=MODEL_FILTER_DEFAULTS)
         precision, groups = config.precision, config.groups
         _check_options(num_items, max_len, prior, prior_init, head)
         check_sizes(num_items=num_items, max_len=max_len, d_model=d_model, nhead=nhead,
@@ -146,7 +166,6 @@ class SequentialRecommender(nn.Module):
         self.filter = config
         self.encoder = self.build_encoder(config, num_layers)
         self.final_norm = nn.LayerNorm(d_model)
-        self.last_norm_scale: Tensor | None = None  # see normalise_output
         self.prior: PrecisionPrior | MLPPrecisionPrior | None = None
         if precision == "on":
             scale = prior_scale if prior_scale is not None else self.input_scale()
@@ -173,22 +192,6 @@ class SequentialRecommender(nn.Module):
             config=config,
         )  # fmt: skip
         return BFTEncoder(layer, num_layers)
-
-    def use_compile_kernel(self) -> str:
-        """Before ``torch.compile``: switch the attention to ``"blockwise"`` (the
-        kernel the compiler holds in one graph; ``"chunked"``'s hand-written
-        backward breaks it) unless ``attention_impl`` was chosen. Same values and
-        gradients, no parameter changes. Returns the kernel in use."""
-        if self.attention_impl_chosen or self.filter.attention_impl == "blockwise":
-            return self.filter.attention_impl
-        self.filter = dataclasses.replace(self.filter, attention_impl="blockwise")
-        for module in self.modules():
-            config = getattr(module, "config", None)
-            if isinstance(config, FilterConfig):  # the layers' record of their options
-                module.config = dataclasses.replace(config, attention_impl="blockwise")  # type: ignore[assignment]
-            if isinstance(getattr(module, "impl", None), str):  # the attention modules
-                module.impl = "blockwise"  # type: ignore[assignment]
-        return "blockwise"
 
     def _last_layer(self) -> Any:
         return list(self.encoder.layers)[-1]  # type: ignore[union-attr, arg-type]
@@ -256,6 +259,27 @@ class SequentialRecommender(nn.Module):
             return self.prior(self.item_emb(ids).detach(), ids != 0)
         return self.prior(ids)
 
+    def run_encoder(
+        self, h0: Tensor, ids: Tensor, times: Tensor | None, last_only: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The encoder stack over ``h0`` (B, L, d): the final states before the final
+        norm and their log-precision, or None. HSTU overrides it to pass the times."""
+        return self.encoder(
+            h0, src_key_padding_mask=ids == 0, is_causal=self.causal,
+            log_precision=self.layer0_precision(ids), return_precision=True,
+            last_only=last_only,
+        )  # fmt: skip
+
+    def encoded(self, ids: Tensor, times: Tensor | None = None, last_only: bool = False) -> Encoded:
+        """(B, L) ids -> :class:`Encoded`: the normalised states (B, L, d), the final
+        log-precision (B, L, G) or None, and the final norm's scale at the last
+        position (B,). ``last_only``: (B, 1, ...), the last layer computing its
+        query, update and FFN for that position alone (the same values)."""
+        h, lp = self.run_encoder(self.embed(ids), ids, times, last_only)
+        last = h[:, -1].detach().float()
+        scale = (last.var(-1, unbiased=False) + self.final_norm.eps).sqrt()
+        return Encoded(self.final_norm(h), lp, scale)
+
     def encode(
         self, ids: Tensor, times: Tensor | None = None, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]:
@@ -265,22 +289,8 @@ class SequentialRecommender(nn.Module):
         layer computes its query, update and FFN for that position alone (the
         same values; what evaluation and serving read, see :meth:`last_hidden`).
         """
-        h, lp = self.encoder(
-            self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
-            log_precision=self.layer0_precision(ids), return_precision=True,
-            **({"last_only": True} if last_only else {}),
-        )  # fmt: skip
-        return self.normalise_output(h), lp
-
-    def normalise_output(self, h: Tensor) -> Tensor:
-        """``final_norm(h)``; with the filter layers recording, also keeps the scale the
-        norm divides by at the last position, ``sigma(h[:, -1])`` (B,), in
-        ``last_norm_scale`` (the final precision in the normalised state's units is
-        ``lambda * sigma^2``, which ``serving.confidence`` reads)."""
-        if getattr(self._last_layer(), "record", False):
-            last = h[:, -1].detach().float()
-            self.last_norm_scale = (last.var(-1, unbiased=False) + self.final_norm.eps).sqrt()
-        return self.final_norm(h)
+        out = self.encoded(ids, times, last_only)
+        return out.hidden, out.log_precision
 
     def item_weights(self) -> Tensor:
         """(num_items + 1, d) output embeddings; row 0 (padding) is never a candidate."""
@@ -359,12 +369,21 @@ class SequentialRecommender(nn.Module):
     def last_hidden(
         self, input_ids: Tensor, times: Tensor | None = None, last_only: bool | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        """Evaluation: the state that predicts the next item, (B, d), and its log-precision.
+        """Evaluation: the state that predicts the next item, (B, d), and its
+        log-precision (B, G) or None (:meth:`last_encoded` with its norm scale)."""
+        out = self.last_encoded(input_ids, times, last_only)
+        return out.hidden, out.log_precision
+
+    def last_encoded(
+        self, input_ids: Tensor, times: Tensor | None = None, last_only: bool | None = None
+    ) -> Encoded:
+        """Evaluation: :class:`Encoded` at the predicting position, (B, d), (B, G) or
+        None, (B,): what scoring and the confidence read.
 
         ``last_only`` (default: in eval mode, unless a callback records the last
         layer at every position, ``record_all_positions``, or its attention)
         computes the last layer for the predicting position only
-        (:meth:`encode`); False runs every position, True forces the short path.
+        (:meth:`encoded`); False runs every position, True forces the short path.
         """
         ids = self.eval_view(input_ids)
         if times is not None and times.shape != ids.shape:  # a mask token was appended
@@ -375,25 +394,31 @@ class SequentialRecommender(nn.Module):
                 getattr(layer, "record_attention", False)
                 or getattr(layer, "record_all_positions", False)
             )
-        h, lp = self.encode(ids, times, last_only=last_only)
-        return h[:, -1], None if lp is None else lp[:, -1]
+        out = self.encoded(ids, times, last_only=last_only)
+        lp = None if out.log_precision is None else out.log_precision[:, -1]
+        return Encoded(out.hidden[:, -1], lp, out.norm_scale)
 
 
-def _filter_config(config: FilterConfig | None, flat: dict[str, Any]) -> FilterConfig:
-    """The model's ``FilterConfig``: ``config``, or one built from the flat options
-    (validated there, each error naming its field); both at once is refused."""
-    if config is None:
-        return FilterConfig(**flat)
-    if not isinstance(config, FilterConfig):
-        raise ValueError(f"filter must be a FilterConfig, got {type(config).__name__}")
-    defaults = FilterConfig(precision="off")  # the model's flat defaults
-    given = [k for k, v in flat.items() if v != getattr(defaults, k)]
-    if given:
-        raise ValueError(
-            f"{given[0]}: give the filter options either in filter or flat, not both "
-            f"(flat {', '.join(given)} and filter={config})"
-        )
-    return config
+def fold_flat_filter_options(init_args: Any) -> None:
+    """A command line's flat filter options over a config file's ``filter:`` block.
+
+    ``init_args``: a backbone's parsed arguments (a jsonargparse ``Namespace``).
+    A shipped config gives ``filter: {precision: "on", ...}``; a command line such
+    as ``--model.init_args.backbone.init_args.q_init=0.1`` (the spelling of many
+    recorded runs) gives a flat option beside it. The later source wins, as for
+    any other option: each flat option that differs from its default moves into
+    the block (checked there, when the model is built) and goes back to its
+    default, so the model receives one form. Without a ``filter`` block the flat
+    options stay as they are (``FilterConfig.from_flat`` reads them).
+    """
+    block = init_args.get("filter") if init_args is not None else None
+    if block is None:
+        return
+    for name, default in FLAT_FILTER_DEFAULTS.items():
+        value = init_args.get(name, default)
+        if value != default:
+            block[name] = value
+            init_args[name] = default
 
 
 def _check_options(num_items: int, max_len: int, prior: str, prior_init: str, head: str) -> None:
@@ -407,3 +432,11 @@ def _check_options(num_items: int, max_len: int, prior: str, prior_init: str, he
         raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {prior_init!r}")
     if head not in HEADS:
         raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+
+
+# the flat filter keywords of SequentialRecommender and their defaults
+FLAT_FILTER_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(SequentialRecommender.__init__).parameters.items()
+    if name in FILTER_FIELDS
+}

@@ -61,14 +61,12 @@ class HSTU(SequentialRecommender):
     def embedding_scale(self) -> float:
         return math.sqrt(self.d_model)
 
-    def encode(
-        self, ids: Tensor, times: Tensor | None = None, last_only: bool = False
+    def run_encoder(
+        self, h0: Tensor, ids: Tensor, times: Tensor | None, last_only: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """(B, L) ids and timestamps (or None) -> states (B, L, d), log lambda (B, L, G) or
-        None; ``last_only``: the last position's only (see ``SequentialRecommender.encode``)."""
-        h, lp = self.encoder(
-            self.embed(ids), src_key_padding_mask=ids == 0, is_causal=self.causal,
+        """The HSTU stack over ``h0``, reading the timestamps (or None) in every layer."""
+        return self.encoder(
+            h0, src_key_padding_mask=ids == 0, is_causal=self.causal,
             log_precision=self.layer0_precision(ids), timestamps=times, return_precision=True,
             last_only=last_only,
         )  # fmt: skip
-        return self.normalise_output(h), lp

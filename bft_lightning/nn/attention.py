@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bft_lightning.nn.checks import check_choice, check_dropout, check_heads, check_int
-from bft_lightning.nn.kernels import KERNELS, KrigingStats, attend
+from bft_lightning.nn.kernels import KrigingStats, attend, impl_names
 from bft_lightning.nn.kernels.reference import reference_attention
 
 __all__ = ["KrigingAttention", "KrigingStats", "attend", "build_allowed", "reference_attention"]
@@ -70,7 +70,7 @@ class KrigingAttention(nn.Module):
         check_dropout("dropout", dropout)
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
-        check_choice("attention_impl", impl, tuple(KERNELS))
+        check_choice("attention_impl", impl, impl_names())
         check_int("attention_chunk", chunk_size)
         self.d_model, self.nhead, self.dropout, self.impl = d_model, nhead, dropout, impl
         self.chunk_size = chunk_size

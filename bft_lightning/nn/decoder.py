@@ -38,8 +38,8 @@ from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.checks import (
     check_choice,
     check_dropout,
-    check_filter_options,
     check_heads,
+    check_number,
     check_sizes,
 )
 from bft_lightning.nn.filter import (
@@ -49,7 +49,7 @@ from bft_lightning.nn.filter import (
     check_groups,
     default_log_precision,
 )
-from bft_lightning.nn.kernels import KERNELS, KrigingStats, attend
+from bft_lightning.nn.kernels import KrigingStats, attend, impl_names
 from bft_lightning.nn.stats import FilterStats
 
 PRECISION_MODES = ("off", "on")
@@ -135,7 +135,7 @@ class LlamaAttention(nn.Module):
         check_dropout("dropout", dropout)
         if gate not in (None, "sigmoid"):
             raise ValueError(f"attention_gate must be None or 'sigmoid', got {gate!r}")
-        check_choice("attention_impl", impl, tuple(KERNELS))
+        check_choice("attention_impl", impl, impl_names())
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.dropout, self.impl, self.chunk_size = dropout, impl, chunk_size
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
@@ -196,23 +196,17 @@ class BFTLlamaDecoderLayer(FilterLayer):
         attention_bias: biases on q/k/v/o projections (False for Llama).
         mlp_bias: biases on the SwiGLU projections (False for Llama).
         dropout: dropout on attention weights, on ``z`` and on the FFN output.
-        precision: ``"on"`` (BFT) or ``"off"`` (the plain Llama layer).
-        groups: precision groups ``G`` (a divisor of ``d``); None means ``H``.
-        q_init: initial process noise ``Q0``; ``Q = softplus(rho)``.
-        nu0: prior degrees of freedom of the REML sill prior.
-        sill_momentum: momentum of the running sill ``s0^2``.
-        attention_gate: None or ``"sigmoid"`` (gated-attention baseline).
-        attention_impl: ``"chunked"`` (default: the off layer runs PyTorch's fused
-            attention, the BFT layer query blocks with a hand-written backward,
-            no (T x Tk) weights kept, ``nn.chunked``), ``"sdpa"`` (fused where no
-            statistics are needed, materialised weights otherwise) or
-            ``"reference"`` (always materialise the weights). Same values and
-            gradients; a call that records the weights takes the reference path.
-        attention_chunk: query block size of the chunked path.
-        predict_noise: False skips ``Q`` and has no ``rho`` (the last layer of
-            an LM, whose ``lambda''`` feeds nothing).
-        backward: ``"custom"`` or ``"autograd"`` (see ``FilterConfig``).
-        config: a ``FilterConfig`` instead of the flat filter options.
+        config: how the layer runs as a filter (``FilterConfig``; default: BFT,
+            ``precision="on"``). Its ``attention_impl``: ``"chunked"`` (the off
+            layer runs PyTorch's fused attention, the BFT layer query blocks
+            with a hand-written backward, no (T x Tk) weights kept),
+            ``"sdpa"`` (fused where no statistics are needed, materialised
+            weights otherwise), ``"reference"`` (always materialise the
+            weights) or ``"auto"``; same values and gradients, and a call that
+            records the weights takes the reference path. ``predict_noise=False``
+            skips ``Q`` and has no ``rho`` (the last layer of an LM, whose
+            ``lambda''`` feeds nothing). ``gain`` must be ``"group"`` and
+            ``key_precision`` True.
     """
 
     def __init__(
@@ -226,34 +220,16 @@ class BFTLlamaDecoderLayer(FilterLayer):
         attention_bias: bool = False,
         mlp_bias: bool = False,
         dropout: float = 0.0,
-        precision: str = "on",
-        groups: int | None = None,
-        q_init: float = 0.01,
-        nu0: float = 1.0,
-        sill_momentum: float = 0.01,
-        attention_gate: str | None = None,
-        attention_impl: str = "chunked",
-        attention_chunk: int = 256,
-        predict_noise: bool = True,
-        backward: str = "custom",
         *,
         config: FilterConfig | None = None,
     ) -> None:
         super().__init__()
-        if config is None:
-            check_choice("precision", precision, PRECISION_MODES)
         check_sizes(d_model=d_model, n_heads=n_heads, d_ff=d_ff)
         if head_dim is None:
             check_heads(d_model, n_heads, name="n_heads")
-        check_filter_options(dropout, q_init, nu0, sill_momentum, rms_norm_eps, "rms_norm_eps")
-        if config is None:
-            check_groups(d_model, n_heads, groups)  # names d_model in the error
-            config = FilterConfig(
-                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
-                sill_momentum=sill_momentum, predict_noise=predict_noise,
-                attention_gate=attention_gate, attention_impl=attention_impl,  # type: ignore[arg-type]
-                attention_chunk=attention_chunk, backward=backward,  # type: ignore[arg-type]
-            )  # fmt: skip
+        check_dropout("dropout", dropout)
+        check_number("rms_norm_eps", rms_norm_eps, 0.0, low_open=True)
+        config = FilterConfig() if config is None else config
         if config.gain != "group" or not config.key_precision:
             raise ValueError("BFTLlamaDecoderLayer takes gain='group' and key_precision=True only")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads

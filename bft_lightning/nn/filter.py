@@ -25,9 +25,9 @@ attention kernel and the FFN run under the caller's autocast.
 
 The sill policy (one, for every block; ``docs/spec.md``, The sill): a training
 forward *stages* its running-sill update; it is applied by :meth:`flush_sill`,
-which the stacks (``BFTEncoder``, ``HSTUEncoder``, ``LlamaModel``) call at the
-start of each forward, and which runs before the layer's state is saved or
-cast. A step therefore reads the sill of the previous step, and a layer
+which :func:`run_stack` (the one loop of ``BFTEncoder``, ``HSTUEncoder`` and
+``LlamaModel``) calls at the start of each forward, and which runs before the
+layer's state is saved or cast. A step therefore reads the sill of the previous step, and a layer
 recomputed for gradient checkpointing reads the very sill its forward read and
 stages nothing more.
 """
@@ -35,7 +35,7 @@ stages nothing more.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -52,6 +52,7 @@ __all__ = [
     "FilterConfig",
     "FilterLayer",
     "Observation",
+    "run_stack",
     "check_groups",
     "default_log_precision",
     "valid_positions",
@@ -78,8 +79,11 @@ class FilterConfig:
             ablation; encoder only).
         attention_gate: None or ``"sigmoid"`` (the gated-attention baseline).
         attention_impl: the attention kernel, a name of ``nn.kernels.KERNELS``
-            (``"chunked"``, the models' default; ``"reference"``, a bare
-            ``BFTEncoderLayer``'s; ``"sdpa"``); HSTU has its own.
+            (``"chunked"``; ``"reference"``, a bare ``BFTEncoderLayer``'s;
+            ``"sdpa"``; ``"blockwise"``), or ``"auto"`` (the default): the
+            kernel dispatch runs ``"blockwise"`` while ``torch.compile`` traces
+            (the kernel the compiler holds in one graph) and ``"chunked"``
+            otherwise, the same values and gradients. HSTU has its own attention.
         attention_chunk: query block size of the chunked kernel.
         backward: ``"custom"`` (hand-written backward passes that keep only the
             FFN's own activations: eager training) or ``"autograd"`` (plain ops
@@ -97,7 +101,7 @@ class FilterConfig:
     gain: Literal["group", "head"] = "group"
     key_precision: bool = True
     attention_gate: Literal["sigmoid"] | None = None
-    attention_impl: str = "chunked"
+    attention_impl: str = kernels.AUTO
     attention_chunk: int = 256
     backward: Literal["custom", "autograd"] = "custom"
 
@@ -112,7 +116,7 @@ class FilterConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_choice("gain", self.gain, ("group", "head"))
         check_choice("attention_gate", self.attention_gate, (None, "sigmoid"))
-        check_choice("attention_impl", self.attention_impl, tuple(kernels.KERNELS))
+        check_choice("attention_impl", self.attention_impl, kernels.impl_names())
         check_int("attention_chunk", self.attention_chunk)
         check_choice("backward", self.backward, ("custom", "autograd"))
         if self.gain == "head" and self.attention_gate is not None:
@@ -129,6 +133,52 @@ class FilterConfig:
     def replace(self, **changes: Any) -> FilterConfig:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_flat(
+        cls, flat: Mapping[str, Any], base: FilterConfig | None = None,
+        defaults: FilterConfig | None = None,
+    ) -> FilterConfig:  # fmt: skip
+        """The one place where flat keyword options become a ``FilterConfig``.
+
+        Flat options are ``torch.nn.TransformerEncoderLayer``'s style (a bare
+        ``BFTEncoderLayer``), the recommenders' constructor keywords (so a
+        command line such as ``--model.init_args.backbone.init_args.q_init=0.1``
+        and the hyperparameters of checkpoints saved before ``filter:`` existed
+        still build the model), and the LM's older ``bft_options.json``.
+
+        flat: field name -> value; None means "not given" (every field whose
+            value may be None has None as its default).
+        base: the typed form given beside the flat one (the ``filter`` option,
+            or the dict of its fields that a checkpoint records; None or equal
+            to ``defaults`` means not given). Giving both is
+            refused, naming the first flat option that differs from
+            ``defaults``: two sources of one field would silently shadow each other.
+        defaults: the values of fields the flat options leave out (the class's
+            defaults when None).
+        """
+        unknown = sorted(set(flat) - FILTER_FIELDS)
+        if unknown:
+            options = ", ".join(sorted(FILTER_FIELDS))
+            raise ValueError(f"{unknown[0]} is not a filter option (the options: {options})")
+        start = cls() if defaults is None else defaults
+        given = {k: v for k, v in flat.items() if v is not None}
+        if isinstance(base, Mapping):
+            base = cls(**base)
+        if base is not None and not isinstance(base, FilterConfig):
+            raise ValueError(f"filter must be a FilterConfig, got {type(base).__name__}")
+        if base is None or base == start:
+            return dataclasses.replace(start, **given)
+        differ = [k for k, v in given.items() if v != getattr(start, k)]
+        if differ:
+            raise ValueError(
+                f"{differ[0]}: give the filter options either in filter or flat, not both "
+                f"(flat {', '.join(differ)} and filter={base})"
+            )
+        return base
+
+
+FILTER_FIELDS = frozenset(f.name for f in dataclasses.fields(FilterConfig))
 
 
 def check_groups(d_model: int, nhead: int, groups: int | None) -> int:
@@ -368,3 +418,38 @@ class FilterLayer(nn.Module):
                 attention=obs.weights, gate=obs.gate,
             )  # fmt: skip
         return h, BF.with_padding(lp_out, valid)
+
+
+LayerStep = Callable[[int, Any, Tensor, Tensor | None, bool], tuple[Tensor, Tensor | None]]
+
+
+def run_stack(
+    layers: Sequence[nn.Module], h: Tensor, log_prec: Tensor | None, step: LayerStep,
+    last_only: bool = False,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """The loop of every stack of filter layers (``BFTEncoder``, ``HSTUEncoder``,
+    ``LlamaModel``), so that none has to remember its parts.
+
+    1. the previous step's running-sill update is applied in every layer first
+       (``docs/spec.md``, The sill: a step reads the sill of the step before);
+    2. the precision threads through: layer ``l`` starts from the
+       ``log lambda''`` of layer ``l - 1``, layer 0 from ``log_prec`` (B, T, G),
+       or (B, T, 1) broadcast to the groups, or None (the block's default);
+    3. ``last_only`` reaches the last layer only (the earlier layers' keys and
+       values are every position's).
+
+    step: ``(index, layer, h, log_prec, last_only) -> (h, log_prec)``, the call
+    of one layer with the stack's own arguments (masks, times, caches).
+    Returns the last layer's output and precision, None in off mode.
+    """
+    for layer in layers:
+        assert isinstance(layer, FilterLayer)
+        layer.flush_sill()
+    first = layers[0]
+    assert isinstance(first, FilterLayer)
+    if log_prec is not None and log_prec.shape[-1] == 1:
+        log_prec = log_prec.expand(*log_prec.shape[:2], first.groups)
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        h, log_prec = step(i, layer, h, log_prec, last_only and i == last)
+    return h, None if first.precision == "off" else log_prec

@@ -58,13 +58,14 @@ from torch import Tensor, nn
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import jacobian as J
 from bft_lightning.nn.attention import build_allowed
-from bft_lightning.nn.checks import check_filter_options, check_heads, check_int, check_sizes
+from bft_lightning.nn.checks import check_dropout, check_heads, check_int, check_number, check_sizes
 from bft_lightning.nn.filter import (
     FilterConfig,
     FilterLayer,
     Observation,
     check_groups,
     default_log_precision,
+    run_stack,
     valid_positions,
 )
 from bft_lightning.nn.stats import FilterStats
@@ -148,17 +149,12 @@ class HSTULayer(FilterLayer):
         linear_dim: ``d_v`` per head (U and V); None means ``d / H``.
         attention_dim: ``d_qk`` per head (Q and K); None means ``d / H``.
         dropout: dropout on ``LN(A) * U`` before f2 (the reference's linear dropout).
-        precision: ``"on"`` (BFT) or ``"off"`` (plain HSTU).
-        groups: precision groups ``G`` (a divisor of ``d``); None means ``H``.
-        q_init: initial process noise ``Q0``; ``Q = softplus(rho)``.
-        nu0: prior degrees of freedom of the sill prior.
-        sill_momentum: momentum of the running sill ``s0^2`` (values' variance per head).
         num_buckets: time buckets of the relative attention bias.
-        predict_noise: False skips ``Q`` (a last layer whose precision feeds nothing).
         layer_norm_eps: epsilon of both layer norms.
-        backward: ``"custom"`` or ``"autograd"`` (see ``FilterConfig``).
-        config: a ``FilterConfig`` instead of the flat filter options (its
-            ``gain`` must be ``"group"``, ``key_precision`` True, no gate).
+        config: how the layer runs as a filter (``FilterConfig``; default: BFT,
+            ``precision="on"``). Its ``gain`` must be ``"group"``,
+            ``key_precision`` True and no gate; ``attention_impl`` and
+            ``attention_chunk`` do not apply (HSTU has its own attention).
     """
 
     def __init__(
@@ -169,15 +165,8 @@ class HSTULayer(FilterLayer):
         linear_dim: int | None = None,
         attention_dim: int | None = None,
         dropout: float = 0.0,
-        precision: str = "on",
-        groups: int | None = None,
-        q_init: float = 0.01,
-        nu0: float = 1.0,
-        sill_momentum: float = 0.01,
         num_buckets: int = 128,
-        predict_noise: bool = True,
         layer_norm_eps: float = 1e-6,
-        backward: str = "custom",
         *,
         config: FilterConfig | None = None,
     ) -> None:
@@ -188,14 +177,9 @@ class HSTULayer(FilterLayer):
         check_int("attention_dim", attention_dim, optional=True)
         if linear_dim is None or attention_dim is None:
             check_heads(d_model, nhead)
-        check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
-        if config is None:
-            check_groups(d_model, nhead, groups)  # names d_model in the error
-            config = FilterConfig(
-                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
-                sill_momentum=sill_momentum, predict_noise=predict_noise,
-                backward=backward,  # type: ignore[arg-type]
-            )  # fmt: skip
+        check_dropout("dropout", dropout)
+        check_number("layer_norm_eps", layer_norm_eps, 0.0, low_open=True)
+        config = FilterConfig() if config is None else config
         if config.gain != "group":
             raise ValueError("HSTU takes gain='group' only (gain='head': SASRec, BERT4Rec)")
         if not config.key_precision:
@@ -399,16 +383,11 @@ class HSTUEncoder(nn.Module):
         ``return_precision`` the final ``log lambda`` (B, T, G) too (None in off mode).
         ``last_only``: the last layer computes the last position only (B, 1, ...).
         """
-        h, lp = src, log_precision
-        if lp is not None and lp.shape[-1] == 1:
-            lp = lp.expand(*lp.shape[:2], self.groups)
-        for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
-            assert isinstance(layer, FilterLayer)
-            layer.flush_sill()
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            h, lp = layer(h, lp, src_key_padding_mask, is_causal, timestamps,
-                          last_only=last_only and i == last)  # fmt: skip
-        if self.precision == "off":
-            lp = None
+        h, lp = run_stack(
+            list(self.layers), src, log_precision,
+            lambda _, layer, h, lp, last: layer(
+                h, lp, src_key_padding_mask, is_causal, timestamps, last_only=last
+            ),
+            last_only,
+        )  # fmt: skip
         return (h, lp) if return_precision else h

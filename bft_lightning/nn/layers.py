@@ -32,6 +32,7 @@ from bft_lightning.nn.filter import (
     Observation,
     check_groups,
     default_log_precision,
+    run_stack,
     valid_positions,
 )
 from bft_lightning.nn.stats import FilterStats
@@ -135,13 +136,12 @@ class BFTEncoderLayer(FilterLayer):
         check_filter_options(dropout, q_init, nu0, sill_momentum, layer_norm_eps)
         if config is None:  # the flat options (torch.nn.TransformerEncoderLayer's style)
             check_groups(d_model, nhead, groups)  # names d_model in the error
-            config = FilterConfig(
-                precision=precision, groups=groups, q_init=q_init, nu0=nu0,  # type: ignore[arg-type]
-                sill_momentum=sill_momentum, predict_noise=predict_noise, gain=gain,  # type: ignore[arg-type]
-                key_precision=key_precision, attention_gate=attention_gate,  # type: ignore[arg-type]
-                attention_impl=attention_impl, attention_chunk=attention_chunk,
-                backward=backward,  # type: ignore[arg-type]
-            )  # fmt: skip
+            config = FilterConfig.from_flat(dict(
+                precision=precision, groups=groups, q_init=q_init, nu0=nu0,
+                sill_momentum=sill_momentum, predict_noise=predict_noise, gain=gain,
+                key_precision=key_precision, attention_gate=attention_gate,
+                attention_impl=attention_impl, attention_chunk=attention_chunk, backward=backward,
+            ))  # fmt: skip
         self.d_model, self.nhead, self.gain = d_model, nhead, config.gain
         self.key_precision = config.key_precision
         self.activation = _activation_name(activation)
@@ -331,20 +331,16 @@ class BFTEncoder(nn.Module):
         (``BFTEncoderLayer.forward``): what evaluation reads.
         """
         causal = bool(is_causal)
-        h, lp = src, log_precision
-        if lp is not None and lp.shape[-1] == 1:
-            lp = lp.expand(*lp.shape[:2], self.first_layer.groups)
-        for layer in self.layers:  # the previous step's running-sill update (spec: The sill)
-            assert isinstance(layer, FilterLayer)
-            layer.flush_sill()
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            h, lp = layer(h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
-                          attn_mask=mask, last_only=last_only and i == last)  # fmt: skip
+        h, lp = run_stack(
+            list(self.layers), src, log_precision,
+            lambda _, layer, h, lp, last: layer(
+                h, lp, key_padding_mask=src_key_padding_mask, is_causal=causal,
+                attn_mask=mask, last_only=last,
+            ),
+            last_only,
+        )  # fmt: skip
         if self.norm is not None:
             h = self.norm(h)
-        if self.precision == "off":
-            lp = None
         return (h, lp) if return_precision else h
 
     @classmethod

@@ -124,6 +124,22 @@ def set_recording(model: nn.Module, on: bool, attention: bool = False) -> None:
             layer.last_stats = None
 
 
+def last_position_gain(model: nn.Module) -> Tensor | None:
+    """(N,) float32 Kalman gain at the predicting (last) position, averaged over groups
+    and layers.
+
+    Reads the statistics the filter layers recorded in the forward that made the
+    states (``set_recording(model, True)`` before it); None when none were
+    recorded. A ``precision="off"`` layer records a gain of 1.
+    """
+    gains = [
+        layer.last_stats.gain[:, -1].float().mean(-1)
+        for _, layer in find_filter_layers(model)
+        if layer.last_stats is not None
+    ]
+    return torch.stack(gains).mean(0) if gains else None
+
+
 @contextmanager
 def paused_recording(model: nn.Module) -> Iterator[None]:
     """Run a block with recording off in every filter layer, then restore each layer's

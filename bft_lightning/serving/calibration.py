@@ -60,6 +60,7 @@ def confidence_features(
     history_len: Tensor,
     last_item: Tensor,
     item_log_count: Tensor,
+    norm_scale: Tensor | None = None,
 ) -> Tensor:
     """(N, F) float64 features of each list, in the order of ``feature_names``.
 
@@ -77,7 +78,9 @@ def confidence_features(
     - ``precision="on"`` adds ``filter_z_margin``, the same margin over its
       predictive std under the filter's final precision
       (``precision_z_margin``), and ``filter_log_precision``, the final
-      precision in the scored state's units (``normalised_log_precision``).
+      precision in the scored state's units (``normalised_log_precision``,
+      with ``norm_scale`` (N,), the final norm's scale from
+      ``SequentialRecommender.last_encoded``).
     """
     if top.scores.shape[1] < k + 1:
         raise ValueError(f"confidence features need k + 1 = {k + 1} listed items, "
@@ -100,7 +103,7 @@ def confidence_features(
             raise ValueError("a precision='on' model gave no log_prec for its confidence")
         z = precision_z_margin(model, log_prec, tail)
         cols += [torch.where(torch.isfinite(z), z, torch.zeros_like(z)),
-                 normalised_log_precision(model, log_prec)]  # fmt: skip
+                 normalised_log_precision(log_prec, norm_scale)]  # fmt: skip
     return torch.stack([c.double().cpu() for c in cols], dim=1)
 
 

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from bft_lightning.nn.stats import find_filter_layers
+from bft_lightning.nn.stats import last_position_gain  # noqa: F401  (one gain, in nn.stats)
 from bft_lightning.retrieval import TopK
 
 _LOG_EPS = math.log(1e-30)
@@ -83,50 +83,39 @@ def final_log_precision(log_prec: Tensor) -> Tensor:
     return log_prec.float().clamp_min(-20.0).mean(dim=-1)
 
 
-def normalised_log_precision(model: nn.Module, log_prec: Tensor) -> Tensor:
+def normalised_log_precision(log_prec: Tensor, norm_scale: Tensor | None) -> Tensor:
     """(N,) final log precision in the units of the normalised state that is scored.
 
     The final LayerNorm divides the state by its spread ``sigma(h)``, so a
     variance ``1 / lambda`` of ``h`` is ``1 / (lambda sigma^2)`` in the state
     the head scores (the delta rule through a norm): ``mean_g log lambda_g +
-    2 log sigma``. ``sigma`` is the one the model kept in ``last_norm_scale``
-    in the forward that made ``log_prec`` (recording on); without it, the
-    plain ``final_log_precision``.
+    2 log sigma``. ``norm_scale`` (N,) is that ``sigma`` at the predicting
+    position, from the forward that made ``log_prec``
+    (``SequentialRecommender.last_encoded``); None gives the plain
+    ``final_log_precision``.
     """
     out = final_log_precision(log_prec)
-    sigma = _norm_scale(model, len(out))
+    sigma = _norm_scale(norm_scale, len(out))
     return out if sigma is None else out + 2 * sigma.to(out.device).log()
 
 
-def _norm_scale(model: nn.Module, n: int) -> Tensor | None:
-    """(n,) ``sigma(h)`` at the predicting position, when the model kept it for ``n`` rows."""
-    sigma = getattr(model, "last_norm_scale", None)
-    if isinstance(sigma, Tensor) and sigma.shape == (n,):
-        return sigma.float().clamp_min(1e-12)
-    return None
+def _norm_scale(norm_scale: Tensor | None, n: int) -> Tensor | None:
+    """(n,) ``sigma(h)``, floored, or None; a scale for another number of rows is an error."""
+    if norm_scale is None:
+        return None
+    if norm_scale.shape != (n,):
+        raise ValueError(f"norm_scale has shape {tuple(norm_scale.shape)}, expected ({n},)")
+    return norm_scale.float().clamp_min(1e-12)
 
 
-def normalised_score_variance(model: nn.Module, log_prec: Tensor, ids: Tensor) -> Tensor:
-    """(N, k) ``score_variance`` divided by ``sigma(h)^2`` (the final norm's own
-    divisor, from ``model.last_norm_scale``; left out when the model kept none)."""
+def normalised_score_variance(
+    model: nn.Module, log_prec: Tensor, ids: Tensor, norm_scale: Tensor | None
+) -> Tensor:
+    """(N, k) ``score_variance`` divided by ``sigma(h)^2`` (``norm_scale`` (N,), the final
+    norm's own divisor; left out when None)."""
     var = score_variance(model, log_prec, ids)
-    sigma = _norm_scale(model, len(var))
+    sigma = _norm_scale(norm_scale, len(var))
     return var if sigma is None else var / sigma.to(var.device).square().unsqueeze(1)
-
-
-def last_position_gain(model: nn.Module) -> Tensor | None:
-    """(N,) Kalman gain at the predicting position, averaged over groups and layers.
-
-    Reads the statistics the filter layers recorded in the forward that made
-    the states (``set_recording(model, True)`` before it); None when none
-    were recorded.
-    """
-    gains = [
-        layer.last_stats.gain[:, -1].float().mean(-1)
-        for _, layer in find_filter_layers(model)
-        if layer.last_stats is not None
-    ]
-    return torch.stack(gains).mean(0) if gains else None
 
 
 def score_variance(model: nn.Module, log_prec: Tensor, ids: Tensor) -> Tensor:
@@ -168,21 +157,21 @@ def precision_z_margin(model: nn.Module, log_prec: Tensor, top: TopK) -> Tensor:
 
 
 def recommendation_confidence(
-    model: nn.Module, hidden: Tensor, log_prec: Tensor | None, top: TopK
-) -> Tensor:
+    model: nn.Module, hidden: Tensor, log_prec: Tensor | None, top: TopK,
+    norm_scale: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     """(N,) float32 confidence of each list, higher = a hit more likely.
 
-    model: the backbone (a ``SequentialRecommender``) whose ``last_hidden``
-    made ``hidden`` (N, d) and ``log_prec`` (N, G) or None; top: its ranked
-    list for each state.
+    model: the backbone (a ``SequentialRecommender``) whose ``last_encoded``
+    made ``hidden`` (N, d), ``log_prec`` (N, G) or None and ``norm_scale`` (N,);
+    top: its ranked list for each state.
 
     ``precision="off"`` (or no ``log_prec``): ``softmax_mass(top)``, the
     listed items' softmax probability.
     ``precision="on"``: ``normalised_log_precision``, the filter's final
     precision at the predicting position in the units of the state the head
-    scores (``mean_g log lambda_g + 2 log sigma(h)``); it reads
-    ``model.last_norm_scale``, kept when the filter layers record
-    (``set_recording(model, True)`` before ``last_hidden``). Chosen on
+    scores (``mean_g log lambda_g + 2 log sigma(h)``, ``sigma`` given as
+    ``norm_scale``; without it, the plain mean ``log lambda``). Chosen on
     validation users among the filter's signals; ``docs/confidence.md`` says
     why and what it measured.
     """
@@ -192,4 +181,4 @@ def recommendation_confidence(
         return softmax_mass(top).float()
     if log_prec.shape[0] != hidden.shape[0]:
         raise ValueError(f"{hidden.shape[0]} states but log_prec for {log_prec.shape[0]}")
-    return normalised_log_precision(model, log_prec).float()
+    return normalised_log_precision(log_prec, norm_scale).float()

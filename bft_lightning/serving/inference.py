@@ -29,17 +29,18 @@ def _rank(
     their first ``feature_k`` or (``feature_k`` None) the (N,) ``recommendation_confidence``."""
     set_recording(model, model.precision == "on")
     try:
-        hidden, log_prec = model.last_hidden(input_ids, times)
+        hidden, log_prec, norm_scale = model.last_encoded(input_ids, times)
         with torch.autocast(hidden.device.type, enabled=False):
             hidden = hidden.to(model.item_emb.weight.dtype)
             top = topk(model, hidden, log_prec, width, exclude)
             if feature_k is None:
-                return top, recommendation_confidence(model, hidden, log_prec, top).float()
+                conf = recommendation_confidence(model, hidden, log_prec, top, norm_scale)
+                return top, conf.float()
             if item_log_count is None:
                 raise ValueError("a calibrated confidence needs item_log_count")
             length = (input_ids > 0).sum(1)  # (N,) items read
             x = confidence_features(model, log_prec, top, feature_k, length,
-                                    input_ids[:, -1], item_log_count)  # fmt: skip
+                                    input_ids[:, -1], item_log_count, norm_scale)  # fmt: skip
             return top, x
     finally:
         set_recording(model, False)

@@ -9,6 +9,7 @@ turns a checkpoint from another model or other data into one clear error.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from typing import Any
@@ -45,6 +46,13 @@ def _plain(value: object) -> bool:
     return False
 
 
+def _record(value: object) -> object:
+    """A dataclass instance as the dict of its fields (which its class rebuilds)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
 def backbone_spec(backbone: object, built: type, default: object = None) -> dict[str, Any] | None:
     """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``.
 
@@ -65,7 +73,8 @@ def backbone_spec(backbone: object, built: type, default: object = None) -> dict
         cls = args[-1]  # instantiator(*wrappers, cls, num_items, max_len, **init_args)
     else:
         return None
-    kwargs = dict(backbone.keywords)
+    # a typed option (the backbone's FilterConfig) is recorded as its fields
+    kwargs = {k: _record(v) for k, v in backbone.keywords.items()}
     if cls is not built or not _plain(kwargs):
         return None
     return {"class_path": qualname(cls), "init_args": kwargs}

@@ -27,12 +27,12 @@ from bft_lightning.losses import LOSSES, batch_loss, build_loss, check_normaliza
 from bft_lightning.metrics import RankingMetric, write_report
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
-from bft_lightning.nn.stats import find_filter_layers, set_recording
+from bft_lightning.nn.stats import last_position_gain, set_recording
 from bft_lightning.retrieval import ranks_both_ways
 from bft_lightning.tasks import checkpoint as ckpt
 from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
 from bft_lightning.tasks.ddp import global_mean
-from bft_lightning.tasks.optim import configure_adamw
+from bft_lightning.utils.optim import configure_adamw
 
 __all__ = ["CHECKPOINT_KEY", "SequentialRecommendation", "backbone_spec", "trim_left_padding"]
 
@@ -139,9 +139,9 @@ class SequentialRecommendation(L.LightningModule):
         report_dir: where test reports go; default the logger's directory.
         compile: compile the backbone's encoder with ``torch.compile`` (dynamic
             shapes: batches are trimmed to their longest history, and one graph
-            serves every length). A backbone whose ``attention_impl`` was left
-            unset then runs the ``"blockwise"`` kernel, which compiles as one graph
-            (``SequentialRecommender.use_compile_kernel``); a chosen kernel stays.
+            serves every length). A backbone whose ``attention_impl`` is
+            ``"auto"`` (the default) then runs the ``"blockwise"`` kernel, which
+            compiles as one graph (``nn.kernels.resolve``); a chosen kernel stays.
         loss_normalization: what a batch's summed loss is divided by:
             ``"rows"`` (default: its count of rows) or ``"targets"`` (its count
             of targets, a per-target mean). With batches of mixed lengths the
@@ -204,8 +204,6 @@ class SequentialRecommendation(L.LightningModule):
         self.model = backbone(num_items, max_len)
         self.backbone_spec = backbone_spec(backbone, type(self.model))
         if compile:  # an instance attribute: the state dict and checkpoints are unchanged
-            if isinstance(self.model, SequentialRecommender):
-                self.model.use_compile_kernel()  # blockwise unless attention_impl was chosen
             self.model.encode = compiled_encode(self.model.encode)  # type: ignore[method-assign]
         self.loss_name, self.num_negatives, self.temperature = loss, num_negatives, temperature
         self.num_items, self.ks, self.mask_history = num_items, tuple(ks), mask_history
@@ -290,12 +288,7 @@ class SequentialRecommendation(L.LightningModule):
 
     def _last_position_gain(self) -> Tensor | None:
         """Mean Kalman gain over layers and groups at the predicting position, (B,)."""
-        gains = [
-            layer.last_stats.gain[:, -1].mean(-1)
-            for _, layer in find_filter_layers(self.model)
-            if layer.last_stats is not None
-        ]
-        return torch.stack(gains).mean(0) if gains and self.model.precision == "on" else None
+        return last_position_gain(self.model) if self.model.precision == "on" else None
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, self.val_metric)

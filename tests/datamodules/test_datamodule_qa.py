@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bft_lightning.datamodules import qa
-from bft_lightning.datamodules.qa import QADataModule, read_dataset, read_qa
+from bft_lightning.lm.data import qa
+from bft_lightning.lm.data.qa import QADataModule, read_dataset, read_qa
 
 
 def _hotpot(qid: str, question: str = "who", answer: str = "w1") -> dict:

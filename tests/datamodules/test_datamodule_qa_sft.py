@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from lm_helpers import write_squad_file
 
-from bft_lightning.datamodules.qa import (
+from bft_lightning.lm.data.qa import (
     DATASETS,
     IGNORE_INDEX,
     Passage,
@@ -26,7 +26,7 @@ from bft_lightning.datamodules.qa import (
     split_by_group,
     train_bpe_tokenizer,
 )
-from bft_lightning.datamodules.qa import target_answer as qa_target_answer
+from bft_lightning.lm.data.qa import target_answer as qa_target_answer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
 

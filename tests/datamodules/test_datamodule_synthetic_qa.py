@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bft_lightning.datamodules.synthetic_qa import (
+from bft_lightning.lm.data.synthetic_qa import (
     RELATIONS,
     SPECIALS,
     SyntheticQADataModule,
     SyntheticQAPretrainDataModule,
     collate_synthetic,
 )
-from bft_lightning.tasks.language import token_loss
+from bft_lightning.lm.task import token_loss
 
 SMALL = dict(num_train=300, num_val=20, num_test=50)
 
@@ -207,7 +207,7 @@ def test_pretraining_text_has_no_question_template():
 
 
 def _documents(dm: SyntheticQAPretrainDataModule, n: int) -> list[list[int]]:
-    from bft_lightning.datamodules.synthetic_qa import _rng
+    from bft_lightning.lm.data.synthetic_qa import _rng
 
     return [dm.document(_rng(dm.data_seed, 3, i), f"doc-{i}") for i in range(n)]
 
@@ -242,7 +242,7 @@ def test_document_packing_keeps_every_recall_line_with_its_passages():
 
 
 def test_document_rows_packs_whole_documents_and_cuts_only_long_ones():
-    from bft_lightning.datamodules.qa import collate_rows, document_rows
+    from bft_lightning.lm.data.qa import collate_rows, document_rows
 
     docs = [[9, 1, 2], [9, 3], [9, 4, 5, 6], [9] + list(range(10, 22)), [9, 7]]
     rows = document_rows(docs, 4)  # rows of at most 5 tokens

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from bft_lightning.metrics.qa import QAScore, exact_match, f1, normalize_answer, qa_scores
+from bft_lightning.lm.metrics import QAScore, exact_match, f1, normalize_answer, qa_scores
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from bft_lightning.lm.config import LlamaConfig
+from bft_lightning.lm.model import LlamaForCausalLM
+from bft_lightning.lm.options import BFTOptions
 from bft_lightning.models import HSTU, BERT4Rec, SASRec
-from bft_lightning.models.bft_options import BFTOptions
-from bft_lightning.models.llama import LlamaForCausalLM
-from bft_lightning.models.llama_config import LlamaConfig
+from bft_lightning.nn.filter import FilterConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,7 +29,9 @@ BACKBONES = ("sasrec", "bert4rec", "hstu", "llama")
 def build(name: str, dropout: float) -> torch.nn.Module:
     torch.manual_seed(0)
     if name == "llama":
-        bft = BFTOptions(precision="on", attention_impl="blockwise", dropout=dropout)
+        bft = BFTOptions(
+            filter=FilterConfig(precision="on", attention_impl="blockwise"), dropout=dropout
+        )
         return LlamaForCausalLM(LlamaConfig(**LLAMA), bft)  # type: ignore[arg-type]
     cls = {"sasrec": SASRec, "bert4rec": BERT4Rec, "hstu": HSTU}[name]
     return cls(ITEMS, L, d_model=16, nhead=2, num_layers=2, dim_feedforward=32,

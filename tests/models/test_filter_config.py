@@ -15,8 +15,7 @@ FLAT = dict(precision="on", groups=4, q_init=0.02, nu0=2.0, attention_chunk=4)
 
 @pytest.mark.parametrize("cls", [SASRec, HSTU])
 def test_filter_config_equals_the_flat_options(cls) -> None:
-    config = FilterConfig(precision="on", groups=4, q_init=0.02, nu0=2.0,
-                          attention_impl="chunked", attention_chunk=4)  # fmt: skip
+    config = FilterConfig(precision="on", groups=4, q_init=0.02, nu0=2.0, attention_chunk=4)
     models = []
     for kwargs in (FLAT, {"filter": config}):
         torch.manual_seed(0)

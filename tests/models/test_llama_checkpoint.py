@@ -10,8 +10,9 @@ import pytest
 import torch
 from lm_helpers import TINY, write_hf_checkpoint
 
-from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, weight_files
-from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.llama_format import CheckpointError, load_tokenizer, weight_files
+from bft_lightning.lm.model import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.nn.filter import FilterConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
 
@@ -54,8 +55,12 @@ def test_left_padding_equals_transformers(hf_checkpoint: Path, hf_model) -> None
 
 
 def test_reference_and_sdpa_paths_agree(hf_checkpoint: Path) -> None:
-    a = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(attention_impl="sdpa"))
-    b = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(attention_impl="reference"))
+    a = LlamaForCausalLM.from_pretrained(
+        hf_checkpoint, BFTOptions(filter=FilterConfig(precision="off", attention_impl="sdpa"))
+    )
+    b = LlamaForCausalLM.from_pretrained(
+        hf_checkpoint, BFTOptions(filter=FilterConfig(precision="off", attention_impl="reference"))
+    )
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(a.eval()(ids).logits, b.eval()(ids).logits)
@@ -92,7 +97,7 @@ def _bft_model(seed: int = 5, **options) -> LlamaForCausalLM:
     """A BFT model whose BFT tensors are all away from their init (a trained one's)."""
     cfg = LlamaConfig(**{k: v for k, v in TINY.items()})
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg, BFTOptions(precision="on", **options))
+    model = LlamaForCausalLM(cfg, BFTOptions.from_dict({"precision": "on", **options}))
     with torch.no_grad():
         for t in model.bft_state().values():
             t.mul_(1.5).add_(torch.rand_like(t))
@@ -135,7 +140,9 @@ def test_save_pretrained_round_trip(tmp_path: Path) -> None:
 def test_loading_a_bft_export_with_other_shapes_names_the_entry(tmp_path: Path) -> None:
     _bft_model().save_pretrained(tmp_path)  # G = 4 groups
     with pytest.raises(ValueError, match=r"bft\.safetensors: model\.layers\.0\.rho has shape"):
-        LlamaForCausalLM.from_pretrained(tmp_path, BFTOptions(precision="on", groups=2))
+        LlamaForCausalLM.from_pretrained(
+            tmp_path, BFTOptions(filter=FilterConfig(precision="on", groups=2))
+        )
     (tmp_path / "bft_options.json").write_text('{"precision": "on", "colour": 1}')
     with pytest.raises(ValueError, match=r"bft_options\.json: unknown BFT options \['colour'\]"):
         LlamaForCausalLM.from_pretrained(tmp_path)
@@ -361,7 +368,7 @@ def test_prompt_reads_like_running_text_with_a_sentencepiece_tokenizer(tmp_path)
     question and the answer as continuations: no stray start markers inside."""
     from tokenizers import Tokenizer
 
-    from bft_lightning.datamodules.qa import Passage, QAExample, encode_example
+    from bft_lightning.lm.data.qa import Passage, QAExample, encode_example
 
     path = _sentencepiece_style(tmp_path, "prepend")
     tok, raw = load_tokenizer(path), Tokenizer.from_file(str(path))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from lm_helpers import TINY
 
-from bft_lightning.models.llama import (
+from bft_lightning.lm.model import (
     BFTOptions,
     LlamaConfig,
     LlamaForCausalLM,
@@ -18,7 +18,7 @@ from bft_lightning.nn import functional_llama as FL
 from bft_lightning.nn import kernels as kernels_module
 from bft_lightning.nn.attention import build_allowed
 from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
-from bft_lightning.nn.filter import default_log_precision
+from bft_lightning.nn.filter import FilterConfig, default_log_precision
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
@@ -29,7 +29,7 @@ V = TINY["vocab_size"]
 def tiny(precision: str = "on", seed: int = 0, **bft: object) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(**TINY)
-    return LlamaForCausalLM(cfg, BFTOptions(precision=precision, **bft)).eval()  # type: ignore[arg-type]
+    return LlamaForCausalLM(cfg, BFTOptions.from_dict({"precision": precision, **bft})).eval()
 
 
 def ids(b: int = 2, t: int = 10, seed: int = 1) -> torch.Tensor:
@@ -152,8 +152,8 @@ def test_gradients_reach_tau_and_rho() -> None:
 def test_uniform_norm_units_precision_gives_softmax_weights() -> None:
     """docs/spec.md, Off mode: lambda = c / sigma1^2 (uniform in Norm1 units) gives softmax."""
     torch.manual_seed(0)
-    on = BFTLlamaDecoderLayer(32, 4, 2, 64, precision="on").eval()
-    off = BFTLlamaDecoderLayer(32, 4, 2, 64, precision="off").eval()
+    on = BFTLlamaDecoderLayer(32, 4, 2, 64, config=FilterConfig(precision="on")).eval()
+    off = BFTLlamaDecoderLayer(32, 4, 2, 64, config=FilterConfig(precision="off")).eval()
     off.load_state_dict(on.state_dict(), strict=False)
     for layer in (on, off):
         layer.record, layer.record_attention = True, True
@@ -265,7 +265,9 @@ def test_generate_refuses_right_padding() -> None:
 
 def test_calibration_starts_near_the_pretrained_model(hf_checkpoint) -> None:
     off = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
-    on = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(precision="on")).eval()
+    on = LlamaForCausalLM.from_pretrained(
+        hf_checkpoint, BFTOptions(filter=FilterConfig(precision="on"))
+    ).eval()
     report = calibrate_precision(on, ids(8, 32, seed=3), target_gain=0.95)
     for row in report.median_gain:
         assert all(0.9 < k < 0.99 for k in row), report.median_gain
@@ -280,7 +282,9 @@ def test_calibration_starts_near_the_pretrained_model(hf_checkpoint) -> None:
 def test_from_pretrained_prior_gives_softmax_at_layer_zero(hf_checkpoint) -> None:
     """log tau_i = -2 log rms(e_i): layer 0 sees precision uniform in RMSNorm units."""
     off = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
-    on = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(precision="on")).eval()
+    on = LlamaForCausalLM.from_pretrained(
+        hf_checkpoint, BFTOptions(filter=FilterConfig(precision="on"))
+    ).eval()
     set_recording(off, True, attention=True)
     set_recording(on, True, attention=True)
     x = ids(2, 9)
@@ -292,7 +296,9 @@ def test_from_pretrained_prior_gives_softmax_at_layer_zero(hf_checkpoint) -> Non
 
 
 def test_pretrained_gate_starts_nearly_open(hf_checkpoint) -> None:
-    on = LlamaForCausalLM.from_pretrained(hf_checkpoint, BFTOptions(attention_gate="sigmoid"))
+    on = LlamaForCausalLM.from_pretrained(
+        hf_checkpoint, BFTOptions(filter=FilterConfig(precision="off", attention_gate="sigmoid"))
+    )
     set_recording(on, True)
     with torch.no_grad():
         on.eval()(ids(1, 4))
@@ -314,9 +320,9 @@ def test_sill_updates_in_training_only() -> None:
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="precision"):
-        BFTLlamaDecoderLayer(32, 4, precision="maybe")
+        BFTLlamaDecoderLayer(32, 4, config=FilterConfig(precision="maybe"))
     with pytest.raises(ValueError, match="groups"):
-        BFTLlamaDecoderLayer(32, 4, groups=5)
+        BFTLlamaDecoderLayer(32, 4, config=FilterConfig(groups=5))
     with pytest.raises(ValueError, match="multiple"):
         LlamaConfig(**{**TINY, "num_key_value_heads": 3})
     with pytest.raises(ValueError, match="prior_width"):
@@ -326,7 +332,7 @@ def test_bad_options_are_refused() -> None:
 def test_gain_scales_the_attention_branch() -> None:
     """A very precise prior (K ~ 0) keeps h: the output is h + FFN(RMSNorm2(h))."""
     torch.manual_seed(0)
-    layer = BFTLlamaDecoderLayer(32, 4, 2, 64, precision="on").eval()
+    layer = BFTLlamaDecoderLayer(32, 4, 2, 64, config=FilterConfig(precision="on")).eval()
     layer.record = True
     h = torch.randn(2, 6, 32)
     valid = torch.ones(2, 6, dtype=torch.bool)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from bft_lightning.nn import PrecisionPrior, set_recording
 from bft_lightning.nn import jacobian as J
+from bft_lightning.nn.filter import FILTER_FIELDS, FilterConfig
 from bft_lightning.nn.hstu import (
     HSTUEncoder,
     HSTULayer,
@@ -24,7 +25,8 @@ D, H, N = 16, 2, 24  # width, heads, max_len (the divisor N)
 def hstu_layer(**kw) -> HSTULayer:
     opts = dict(d_model=D, nhead=H, max_len=N, dropout=0.0)
     opts.update(kw)
-    return HSTULayer(**opts)
+    config = FilterConfig(**{k: opts.pop(k) for k in list(opts) if k in FILTER_FIELDS})
+    return HSTULayer(**opts, config=config)
 
 
 def stamps(b: int, t: int) -> torch.Tensor:

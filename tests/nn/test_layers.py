@@ -11,6 +11,7 @@ from torch import nn
 from bft_lightning.nn import BFTEncoder, BFTEncoderLayer, PrecisionPrior, set_recording
 from bft_lightning.nn import functional as BF
 from bft_lightning.nn import jacobian as J
+from bft_lightning.nn.filter import FilterConfig
 
 D, H, FF = 16, 4, 32
 
@@ -315,7 +316,10 @@ def test_running_sill_stays_float32_and_moves_after_a_cast(dtype) -> None:
     from bft_lightning.nn.decoder import BFTLlamaDecoderLayer
     from bft_lightning.nn.hstu import HSTULayer
 
-    others = [BFTLlamaDecoderLayer(32, 4, 2, 64, precision="on"), HSTULayer(D, H, max_len=8)]
+    others = [
+        BFTLlamaDecoderLayer(32, 4, 2, 64, config=FilterConfig(precision="on")),
+        HSTULayer(D, H, max_len=8),
+    ]
     for other in others:  # the same rule in every layer that keeps a running sill
         assert other.to(dtype).sill.dtype == torch.float32
     layer = bft_layer(precision="on").to(dtype)

@@ -77,13 +77,13 @@ def test_features_are_the_documented_signals(precision: str) -> None:
                    precision=precision).eval()  # fmt: skip
     ids = torch.tensor([[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]])
     set_recording(model, precision == "on")
-    hidden, lp = model.last_hidden(ids)
+    hidden, lp, scale = model.last_encoded(ids)
     scores = model.score(hidden, lp).float()
     lse = torch.logsumexp(scores[:, 1:], 1)
     v, i = torch.topk(scores[:, 1:], 6, dim=1)
     top = TopK(scores=v, ids=i + 1, logsumexp=lse)
     log_count = torch.log1p(torch.arange(31, dtype=torch.float32))
-    x = confidence_features(model, lp, top, 5, torch.tensor([4, 6]), ids[:, -1], log_count)
+    x = confidence_features(model, lp, top, 5, torch.tensor([4, 6]), ids[:, -1], log_count, scale)
     assert x.shape == (2, len(feature_names(precision))) and x.dtype == torch.float64
     head = TopK(scores=v[:, :5], ids=i[:, :5] + 1, logsumexp=lse)
     m = softmax_mass(head).double()

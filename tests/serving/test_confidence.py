@@ -94,9 +94,9 @@ def _model(kind: str, precision: str) -> torch.nn.Module:
 def _confidence(model: torch.nn.Module, ids: torch.Tensor, k: int = 5) -> torch.Tensor:
     set_recording(model, True)
     with torch.no_grad():
-        hidden, lp = model.last_hidden(ids)
+        hidden, lp, scale = model.last_encoded(ids)
         top = _top(model.score(hidden, lp), k)
-        out = recommendation_confidence(model, hidden, lp, top)
+        out = recommendation_confidence(model, hidden, lp, top, scale)
     set_recording(model, False)
     return out
 
@@ -138,7 +138,7 @@ def test_on_confidence_is_the_precision_of_the_scored_state(kind: str) -> None:
     hook = model.final_norm.register_forward_pre_hook(lambda m, a: seen.update(h=a[0][:, -1]))
     set_recording(model, True)
     with torch.no_grad():
-        hidden, lp = model.last_hidden(ids)
+        hidden, lp, scale = model.last_encoded(ids)
         top = _top(model.score(hidden, lp), 5)
     hook.remove()
     assert lp is not None
@@ -146,11 +146,11 @@ def test_on_confidence_is_the_precision_of_the_scored_state(kind: str) -> None:
     emb = model.item_emb(top.ids) * model.final_norm.weight  # (N, k, d)
     per_group = emb.reshape(*emb.shape[:2], 2, -1).square().sum(-1)  # 2 groups
     var = (per_group / lp.exp().unsqueeze(1)).sum(-1) / sigma2.unsqueeze(1)
-    torch.testing.assert_close(normalised_score_variance(model, lp, top.ids), var)
-    conf = recommendation_confidence(model, hidden, lp, top)
+    torch.testing.assert_close(normalised_score_variance(model, lp, top.ids, scale), var)
+    conf = recommendation_confidence(model, hidden, lp, top, scale)
     torch.testing.assert_close(conf, lp.mean(-1) + sigma2.log())
-    torch.testing.assert_close(normalised_log_precision(model, lp), conf)
-    higher = recommendation_confidence(model, hidden, lp + 1.0, top)  # all else equal
+    torch.testing.assert_close(normalised_log_precision(lp, scale), conf)
+    higher = recommendation_confidence(model, hidden, lp + 1.0, top, scale)  # all else equal
     torch.testing.assert_close(higher, conf + 1.0)
     set_recording(model, False)
 

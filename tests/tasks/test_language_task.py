@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from lm_helpers import write_squad_file
 
-from bft_lightning.datamodules.qa import QADataModule, QAPretrainDataModule
-from bft_lightning.models.llama import BFTOptions, LlamaConfig, LlamaForCausalLM
-from bft_lightning.tasks.language import LanguageSFT, token_loss
+from bft_lightning.lm.data.qa import QADataModule, QAPretrainDataModule
+from bft_lightning.lm.model import BFTOptions, LlamaConfig, LlamaForCausalLM
+from bft_lightning.lm.task import LanguageSFT, token_loss
+from bft_lightning.nn.filter import FilterConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread
 
@@ -43,7 +44,11 @@ def test_focal_loss_formula_and_reduction_to_ce() -> None:
 
 def test_a_missing_checkpoint_dir_is_not_silent() -> None:
     with pytest.warns(UserWarning, match="checkpoint_dir '/no/such/dir' does not exist"):
-        task = LanguageSFT(TINY_CFG, checkpoint_dir="/no/such/dir", bft=BFTOptions(precision="on"))
+        task = LanguageSFT(
+            TINY_CFG,
+            checkpoint_dir="/no/such/dir",
+            bft=BFTOptions(filter=FilterConfig(precision="on")),
+        )
     assert not task.pretrained  # fresh weights are not calibrated as a pretrained model
 
 
@@ -82,7 +87,8 @@ def test_tiny_fit_loss_falls_and_em_f1_are_logged(
 ) -> None:
     torch.manual_seed(0)
     dm = _data(tmp_path)
-    task = LanguageSFT(TINY_CFG, bft=BFTOptions(precision=precision), loss=loss, lr=3e-3,
+    task = LanguageSFT(TINY_CFG, bft=BFTOptions(filter=FilterConfig(precision=precision)),
+        loss=loss, lr=3e-3,
                        max_new_tokens=4)  # fmt: skip
     log = LossLog()
     trainer = _trainer(
@@ -101,7 +107,8 @@ def test_tiny_fit_loss_falls_and_em_f1_are_logged(
 
 def test_pretrained_bft_is_calibrated_and_exported(tmp_path: Path, hf_checkpoint: Path) -> None:
     dm = _data(tmp_path, tokenizer_path=str(hf_checkpoint))
-    task = LanguageSFT(checkpoint_dir=str(hf_checkpoint), bft=BFTOptions(precision="on"),
+    task = LanguageSFT(checkpoint_dir=str(hf_checkpoint),
+        bft=BFTOptions(filter=FilterConfig(precision="on")),
                        export_dir=str(tmp_path / "export"), generate=False)  # fmt: skip
     trainer = _trainer(tmp_path, 2, limit_val_batches=1)
     trainer.fit(task, dm)
@@ -120,7 +127,8 @@ def test_pretrained_bft_is_calibrated_and_exported(tmp_path: Path, hf_checkpoint
     assert again.model.bft.precision == "on" and bool(again.calibrated)
     # with a gate the export lacks, calibration runs and says what it re-sets
     gated = LanguageSFT(checkpoint_dir=str(tmp_path / "export"), generate=False,
-                        bft=BFTOptions(precision="on", attention_gate="sigmoid"))  # fmt: skip
+                        bft=BFTOptions(filter=FilterConfig(precision="on",
+                            attention_gate="sigmoid")))  # fmt: skip
     assert not bool(gated.calibrated)
     assert "model.prior.log_tau.weight" in gated.model.bft_loaded_keys
     with pytest.warns(UserWarning, match=r"re-sets \d+ BFT tensors loaded from .*calibrate=False"):
@@ -172,7 +180,9 @@ def test_needs_a_model() -> None:
 
 def test_lightning_checkpoint_reloads_with_weights_only(tmp_path: Path) -> None:
     dm = _data(tmp_path)
-    task = LanguageSFT(TINY_CFG, bft=BFTOptions(precision="on"), generate=False)
+    task = LanguageSFT(
+        TINY_CFG, bft=BFTOptions(filter=FilterConfig(precision="on")), generate=False
+    )
     trainer = L.Trainer(
         max_steps=3, accelerator="cpu", logger=False, default_root_dir=tmp_path,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -202,6 +212,8 @@ def test_generation_leaves_the_evaluation_forwards_statistics(tmp_path: Path) ->
             assert layer.record  # recording is back on after generation
 
     dm = _data(tmp_path)
-    task = LanguageSFT(TINY_CFG, bft=BFTOptions(precision="on"), max_new_tokens=3)
+    task = LanguageSFT(
+        TINY_CFG, bft=BFTOptions(filter=FilterConfig(precision="on")), max_new_tokens=3
+    )
     _trainer(tmp_path, 1, callbacks=[Probe()], limit_val_batches=2).validate(task, dm)
     assert seen and all(s[:2] == s[2:] for s in seen), seen  # (B, T) of the forward

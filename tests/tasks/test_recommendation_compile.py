@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 from functools import partial
+from unittest.mock import patch
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from bft_lightning.models import HSTU, BERT4Rec, SASRec
+from bft_lightning.nn.kernels import resolve
 from bft_lightning.tasks import SequentialRecommendation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,9 +20,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ITEMS, L = 40, 16
 
 
-def kernels(task: SequentialRecommendation) -> set[str]:
-    """The kernel names the attention modules run."""
-    return {m.impl for m in task.model.modules() if isinstance(getattr(m, "impl", None), str)}
+def kernels(task: SequentialRecommendation, compiling: bool) -> set[str]:
+    """The kernels the attention modules run, eager or while ``torch.compile`` traces."""
+    names = {m.impl for m in task.model.modules() if isinstance(getattr(m, "impl", None), str)}
+    with patch.object(torch.compiler, "is_compiling", lambda: compiling):
+        return {resolve(name) for name in names}
 
 
 def task_of(compile_: bool, **backbone_kw) -> SequentialRecommendation:
@@ -33,13 +37,24 @@ def task_of(compile_: bool, **backbone_kw) -> SequentialRecommendation:
 
 @pytest.mark.parametrize("cls", [SASRec, BERT4Rec])
 def test_compile_runs_blockwise_unless_a_kernel_was_chosen(cls):
-    assert kernels(task_of(False, cls=cls)) == {"chunked"}
+    assert kernels(task_of(False, cls=cls), compiling=False) == {"chunked"}
     task = task_of(True, cls=cls)
-    assert kernels(task) == {"blockwise"}
-    assert task.model.filter.attention_impl == "blockwise"
-    assert {layer.config.attention_impl for layer in task.model.encoder.layers} == {"blockwise"}
+    assert kernels(task, compiling=True) == {"blockwise"}
+    assert task.model.filter.attention_impl == "auto"  # resolved by the dispatch, not rewritten
+    assert {layer.config.attention_impl for layer in task.model.encoder.layers} == {"auto"}
     for chosen in ("chunked", "reference"):  # a kernel the user names stays
-        assert kernels(task_of(True, cls=cls, attention_impl=chosen)) == {chosen}
+        assert kernels(task_of(True, cls=cls, attention_impl=chosen), compiling=True) == {chosen}
+
+
+def test_auto_resolves_to_blockwise_inside_a_compiled_graph():
+    """``resolve`` reads the tracer's state: the compiled function took the blockwise branch."""
+
+    def which(x: torch.Tensor) -> torch.Tensor:
+        return x + (1.0 if resolve("auto") == "blockwise" else 0.0)
+
+    x = torch.zeros(2)
+    assert which(x).tolist() == [0.0, 0.0]  # eager: chunked
+    assert torch.compile(which, backend="eager")(x).tolist() == [1.0, 1.0]
 
 
 def test_compile_keeps_the_parameters_and_the_checkpoint_spec():

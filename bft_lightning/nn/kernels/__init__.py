@@ -2,7 +2,11 @@
 
 A layer names its kernel with one explicit option, ``attention_impl``
 (``FilterConfig.attention_impl``); :func:`attend` is the only place that picks
-code by that name, from :data:`KERNELS`.
+code by that name, from :data:`KERNELS`. The name ``"auto"`` is resolved there
+too (:func:`resolve`): ``"blockwise"`` while ``torch.compile`` traces the call
+(its custom ops stay in one graph; ``"chunked"``'s hand-written backward breaks
+the graph), ``"chunked"`` in eager mode. The two give the same values and
+gradients, so a model compiled or not needs no option changed.
 
 The kernel interface. A :class:`Kernel` has two functions:
 
@@ -71,7 +75,22 @@ KERNELS: dict[str, Kernel] = {
     "fused": Kernel(fused_triton.kriging, plain=sdpa_attention),
 }
 
-__all__ = ["KERNELS", "Kernel", "KrigingStats", "attend"]
+AUTO = "auto"
+__all__ = ["AUTO", "KERNELS", "Kernel", "KrigingStats", "attend", "impl_names", "resolve"]
+
+
+def impl_names() -> tuple[str, ...]:
+    """The values of ``attention_impl``: ``"auto"`` and the names in :data:`KERNELS`
+    (read at the call, so a kernel registered later is one too)."""
+    return (AUTO, *KERNELS)
+
+
+def resolve(impl: str) -> str:
+    """The kernel that runs for ``impl``: ``"auto"`` -> ``"blockwise"`` under
+    ``torch.compile``, else ``"chunked"``; any other name is itself."""
+    if impl != AUTO:
+        return impl
+    return "blockwise" if torch.compiler.is_compiling() else "chunked"
 
 
 def attend(
@@ -94,9 +113,9 @@ def attend(
     statistics with ``with_stats`` (else None). The statistics are float32 on
     every kernel, also under autocast.
     """
-    if impl not in KERNELS:
-        raise ValueError(f"attention_impl must be one of {tuple(KERNELS)}, got {impl!r}")
-    kernel = KERNELS[impl]
+    if impl not in impl_names():
+        raise ValueError(f"attention_impl must be one of {impl_names()}, got {impl!r}")
+    kernel = KERNELS[resolve(impl)]
     if need_weights:  # only the reference materialises the weights
         if with_stats:
             q, k, v = upcast(q), upcast(k), upcast(v)
