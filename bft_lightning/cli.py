@@ -34,7 +34,26 @@ _MAIN_HELP = """Train and evaluate sequential recommenders and language models w
   python -m bft_lightning fit  --config ... --ckpt_path last    # continue that run
   python -m bft_lightning test --config ... --ckpt_path best    # test its best checkpoint
 
+Subcommands:
+{subcommands}
+
 `<subcommand> --help` leads with the options that matter; --debug shows tracebacks."""
+
+# one line each, for `--help`; recommend ... export run their own parsers
+SUBCOMMANDS = {
+    "fit": "train a model (--ckpt_path last continues a run)",
+    "validate": "evaluate a checkpoint on the validation users",
+    "test": "evaluate a checkpoint on the test users; writes metrics.md",
+    "predict": "write every user's next top-k items to a file (predictions.csv)",
+    "recommend": "top-k next items for the histories of a file, from a checkpoint",
+    "calibrate": "fit a checkpoint's confidence to P(hit@k) on held-out users",
+    "tune": "search hyperparameters: each trial is a fit",
+    "serve": "answer recommendation requests over HTTP from a checkpoint",
+    "export": "write a checkpoint's model in a portable format",
+}
+_MAIN_HELP = _MAIN_HELP.format(
+    subcommands="\n".join(f"  {name:<10} {text}" for name, text in SUBCOMMANDS.items())
+)
 
 # what ``<subcommand> --help`` shows first, before the full list of options
 _USAGE = {
@@ -63,10 +82,39 @@ class BFTCLI(LightningCLI):
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
         parser.link_arguments("data.max_len", "model.init_args.max_len", apply_on="instantiate")
 
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        """LightningCLI's subcommands, described in one whole line each (:data:`SUBCOMMANDS`)."""
+        self._subcommand_parsers = {}
+        subcommands = parser.add_subcommands()
+        for subcommand in self.subcommands():
+            description = SUBCOMMANDS.get(subcommand, subcommand)
+            options = dict(kwargs.get(subcommand, {}))
+            options.setdefault("description", description)
+            sub = self._prepare_subcommand_parser(Trainer, subcommand, **options)
+            self._subcommand_parsers[subcommand] = sub
+            subcommands.add_subcommand(subcommand, sub, help=description)
+
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> Any:
+        from jsonargparse import ActionYesNo
+
         kwargs.setdefault("usage", f"{PROG} {subcommand} {_USAGE.get(subcommand, '[options]')}")
         kwargs["description"] = f"{kwargs.get('description') or ''}\n\n{_LEAD}".strip()
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        parser.add_argument(
+            "--allow_other_data", action=ActionYesNo, default=False,
+            help="use --ckpt_path with data it was not trained on (another fingerprint with "
+            "little overlap, or another reader format); off: an error naming both",
+        )  # fmt: skip
+        if subcommand in ("validate", "test", "predict"):
+            parser.add_argument(
+                "--allow_untrained", action=ActionYesNo, default=False,
+                help="run without --ckpt_path, on untrained (randomly initialised) weights",
+            )  # fmt: skip
+        if subcommand == "predict":
+            parser.add_argument(
+                "--overwrite", action=ActionYesNo, default=False,
+                help="replace an existing predictions file (never an input)",
+            )  # fmt: skip
         if subcommand in ("validate", "test"):
             # the run's own table (RunSummary, metrics.md) replaces Lightning's 100-row print
             parser.set_defaults(verbose=False)
@@ -79,6 +127,7 @@ class BFTCLI(LightningCLI):
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         saved = sys.argv
+        self._argv = list(sys.argv[1:] if args is None else args)
         if args is not None:  # given explicitly: the process's own argv is not ours to read
             sys.argv = saved[:1]  # (LightningCLI would warn about both, once per call)
         try:
@@ -92,6 +141,43 @@ class BFTCLI(LightningCLI):
             pin_run(self.config[subcommand], subcommand)
         self._checkpoint = self._read_checkpoint()
         self._use_checkpoint_vocabulary()
+        self._allow_other_data()
+
+    def _parse_ckpt_path(self) -> None:
+        """Apply the checkpoint's hyperparameters, then what the user stated over them
+        (:mod:`bft_lightning.cli_overrides`): explicit options win; options that would
+        invalidate the weights are refused."""
+        from bft_lightning.cli_overrides import explicit_model_options, keep_explicit
+
+        subcommand = self.config.get("subcommand")
+        path = self._ckpt_path()
+        model = self.config[subcommand].get("model") if subcommand else None
+        if path is None or model is None:
+            super()._parse_ckpt_path()
+            return
+        before = model.clone()
+        super()._parse_ckpt_path()
+        explicit = explicit_model_options(getattr(self, "_argv", []))
+        keep_explicit(before, self.config[subcommand]["model"], explicit, path)
+
+    def _allow_other_data(self) -> None:
+        """``--allow_other_data`` reaches the data module (``allow_other_data``)."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand or not self.config[subcommand].get("allow_other_data"):
+            return
+        init = (self.config[subcommand].get("data") or {}).get("init_args")
+        if init is not None and "allow_other_data" in init:
+            init["allow_other_data"] = True
+
+    def _refuse_untrained(self) -> None:
+        """``validate``/``test``/``predict`` need trained weights, or ``--allow_untrained``."""
+        config = self.config[self.subcommand] if self.subcommand else {}
+        if config.get("ckpt_path") is None and not config.get("allow_untrained"):
+            raise SystemExit(
+                f"error: {self.subcommand} without --ckpt_path would run on untrained (randomly "
+                "initialised) weights: pass --ckpt_path last|best|PATH, or --allow_untrained "
+                "to run on them anyway"
+            )
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         from bft_lightning.callbacks.summary import RunSummary
@@ -170,12 +256,15 @@ class BFTCLI(LightningCLI):
         self._check_checkpoint()
 
     def before_validate(self) -> None:
+        self._refuse_untrained()
         self._check_checkpoint()
 
     def before_test(self) -> None:
+        self._refuse_untrained()
         self._check_checkpoint()
 
     def before_predict(self) -> None:
+        self._refuse_untrained()
         self._check_checkpoint()
         from bft_lightning.serving import RecommendationWriter
 
@@ -184,9 +273,25 @@ class BFTCLI(LightningCLI):
             isinstance(c, RecommendationWriter) for c in callbacks
         ):  # the recommendations go to a file (predictions.csv in the log folder)
             callbacks.append(RecommendationWriter())
+        config = self.config["predict"]
+        for writer in callbacks:
+            if isinstance(writer, RecommendationWriter):
+                writer.overwrite = writer.overwrite or bool(config.get("overwrite"))
+                writer.protect(self._inputs())
+                writer.check(self.trainer)
         config = self.config_init.get("predict", {})
         if hasattr(self.model, "predict_k") and config.get("return_predictions") is None:
             config["return_predictions"] = False  # written by the writer, not kept in memory
+
+
+    def _inputs(self) -> list[str]:
+        """The files this run reads (checkpoint, config files, data files): never outputs."""
+        files = [a.partition("=")[2] or b for a, b in zip(self._argv, [*self._argv[1:], ""])
+                 if a.partition("=")[0] in ("--config", "-c")]  # fmt: skip
+        files.append(str(self.config[self.subcommand].get("ckpt_path") or ""))
+        from bft_lightning.serving.writer import data_files
+
+        return [f for f in files if f] + data_files(self.datamodule)
 
 
 def _resolve(class_path: str) -> object:
@@ -294,7 +399,7 @@ def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool
     if argv and argv[0] == "calibrate":
         from bft_lightning.serving.calibrate_cli import main as calibrate
 
-        raise SystemExit(calibrate(argv[1:]))
+        raise SystemExit(calibrate(argv[1:], build_data=build_datamodule))
     per_command = {"exit_on_error": exit_on_error}
     parser_kwargs: dict[str, Any] = {
         "default_env": True, "prog": PROG, "formatter_class": _LeadFormatter,
@@ -309,6 +414,14 @@ def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool
         args=args,
         run=run,
     )
+
+
+def build_datamodule(config: str, overrides: list[str]) -> Any:
+    """The data module a config builds (nothing run, nothing written): what ``calibrate
+    --config`` hands to serving."""
+    cli = main(["--config", config, "--trainer.logger=false",
+                "--trainer.enable_progress_bar=false", *overrides], run=False)  # fmt: skip
+    return cli.datamodule
 
 
 def entry(argv: Sequence[str] | None = None) -> None:
@@ -326,6 +439,8 @@ def entry(argv: Sequence[str] | None = None) -> None:
         quiet_third_party()
 
     def call(rest: list[str]) -> None:
+        if rest and rest[0] in ("recommend", "calibrate") and debug_requested(args)[0]:
+            rest = [*rest, "--debug"]  # they catch their own errors unless told not to
         if argv is None:  # LightningCLI reads sys.argv itself (args= as well would warn)
             sys.argv[1:] = rest
             main(None, exit_on_error=False)

@@ -3,7 +3,7 @@
 A training step encodes the batch and hands the states to the configured loss
 (``bft_lightning.losses``: negative sampling lives there); evaluation ranks
 every item (``bft_lightning.retrieval``) into a ``RankingMetric``. What a
-checkpoint records and how it is checked is ``tasks/checkpoint.py``; the DDP
+checkpoint records and how it is checked is ``tasks/checkpoint_checks.py``; the DDP
 rescaling of the loss ``tasks/ddp.py``.
 
 The backbone is injected as a callable ``(num_items, max_len) -> model``, so
@@ -29,8 +29,14 @@ from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import target_ranks
-from bft_lightning.tasks import checkpoint as ckpt
-from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
+from bft_lightning.tasks import checkpoint_checks as ckpt
+from bft_lightning.tasks.checkpoint_checks import qualname
+from bft_lightning.utils.checkpoint_format import (
+    CHECKPOINT_KEY,
+    CheckpointRecord,
+    read_record,
+    write_record,
+)
 from bft_lightning.tasks.ddp import global_mean
 from bft_lightning.tasks.optim import configure_adamw
 
@@ -96,7 +102,7 @@ def compiled_encode(encode: Callable[..., Any]) -> Callable[..., Any]:
 
 def backbone_spec(backbone: object, built: type) -> dict[str, Any] | None:
     """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``
-    (``bft_lightning.tasks.checkpoint.backbone_spec``), the default factory included."""
+    (``bft_lightning.tasks.checkpoint_checks.backbone_spec``), the default factory included."""
     return ckpt.backbone_spec(backbone, built, default=_default_backbone)
 
 
@@ -330,22 +336,22 @@ class SequentialRecommendation(L.LightningModule):
         ``timestamps``: whether the data had timestamps (``has_time``), which
         HSTU's time bias read in training; serving then requires them.
         """
-        info: dict[str, Any] = {
-            "task": qualname(type(self)),
-            "backbone": qualname(type(self.model)),
-            "num_items": self.num_items,
-            "max_len": int(self.hparams.get("max_len", self.model.max_len)),
-        }
-        if getattr(self, "backbone_spec", None) is not None:
-            info["backbone_init"] = self.backbone_spec
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         state = getattr(dm, "vocabulary_state", None)
-        if callable(state):
-            info["vocabulary"] = state()
         timed = getattr(dm, "has_time", None)
-        if isinstance(timed, bool):  # trained with timestamps (HSTU's time bias reads them)
-            info["timestamps"] = timed
-        checkpoint[CHECKPOINT_KEY] = info
+        rate = getattr(dm, "repeat_rate", None)
+        record = CheckpointRecord(
+            task=qualname(type(self)),
+            backbone=qualname(type(self.model)),
+            num_items=self.num_items,
+            max_len=int(self.hparams.get("max_len", self.model.max_len)),
+            backbone_init=getattr(self, "backbone_spec", None),
+            vocabulary=state() if callable(state) else None,
+            # trained with timestamps (HSTU's time bias reads them)
+            timestamps=timed if isinstance(timed, bool) else None,
+            repeat_rate=float(rate) if isinstance(rate, int | float) else None,
+        )
+        write_record(checkpoint, record)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         source = self.trainer.ckpt_path if self._trainer is not None else None
@@ -355,9 +361,10 @@ class SequentialRecommendation(L.LightningModule):
         ckpt.check_timestamps(dm, checkpoint, self.model, str(source or "checkpoint"))
         # a calibrated confidence (python -m bft_lightning calibrate) is used by predict;
         # it is not saved again: new weights need a new calibration
-        calibration = (checkpoint.get(CHECKPOINT_KEY) or {}).get("confidence")
+        record = read_record(checkpoint)
+        calibration = None if record is None else record.calibration
         if calibration is not None:
-            from bft_lightning.serving.calibration import ConfidenceCalibration
+            from bft_lightning.serving.hit_calibration import ConfidenceCalibration
 
             self.confidence_calibration = ConfidenceCalibration.from_dict(
                 calibration, str(source or "checkpoint")
@@ -371,7 +378,7 @@ class SequentialRecommendation(L.LightningModule):
     # -- prediction ---------------------------------------------------------------------
     predict_k: int = 10  # set by RecommendationWriter
     predict_exclude_seen: bool = False
-    confidence_calibration: Any = None  # a serving.calibration.ConfidenceCalibration
+    confidence_calibration: Any = None  # a serving.hit_calibration.ConfidenceCalibration
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """The top ``predict_k`` items after each row's history (``predict_dataloader``).
@@ -405,7 +412,7 @@ class SequentialRecommendation(L.LightningModule):
         backbone class it was saved from (the same, a subclass or a base); its
         ``num_items`` against this model's (which the data sets); the parameter
         names (unless ``strict_loading`` is off) and shapes; finite values in
-        every floating-point tensor (``bft_lightning.tasks.checkpoint``).
+        every floating-point tensor (``bft_lightning.tasks.checkpoint_checks``).
         """
         ckpt.check_checkpoint(checkpoint, self.model, self.state_dict(), self.num_items,
                               self.strict_loading, source)  # fmt: skip

@@ -15,7 +15,7 @@ from recdata import FIRST, NUM_ITEMS, config, successor
 
 from bft_lightning import Recommender
 from bft_lightning.retrieval import TopK
-from bft_lightning.serving.calibration import (
+from bft_lightning.serving.hit_calibration import (
     ConfidenceCalibration,
     confidence_features,
     feature_names,
@@ -168,7 +168,7 @@ def test_calibrate_on_validation_users_then_recommend(mixed, tmp_path, capsys) -
     conf = torch.tensor([r.confidence for r in res])
     hit = torch.tensor([t in r.items for r, t in zip(res, targets, strict=True)]).double()
     assert ((conf >= 0) & (conf <= 1)).all()
-    from bft_lightning.serving.calibration import _auroc
+    from bft_lightning.serving.hit_calibration import _auroc
 
     assert float(conf[0::2].mean()) > float(conf[1::2].mean()) + 0.1
     assert _auroc(conf.double(), hit) > 0.65
