@@ -121,13 +121,34 @@ class BFTCLI(LightningCLI):
         return parser
 
     def before_instantiate_classes(self) -> None:
-        check_launch(
-            self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        )
+        from bft_lightning.utils.lightning_errors import check_trainer_options
+
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        check_launch(config)
+        check_trainer_options(config.get("trainer"))
+
+    def _trainer_config(self) -> Any:
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        return config.get("trainer") or {}
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run it; Lightning's configuration errors become one line naming the option."""
+        from bft_lightning.utils.lightning_errors import is_configuration_error, translate
+
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            clear = translate(err, self._trainer_config()) if is_configuration_error(err) else None
+            if clear is None:
+                raise
+            raise clear from err
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
+        from bft_lightning.utils.config_files import check_config_files
+
         saved = sys.argv
         self._argv = list(sys.argv[1:] if args is None else args)
+        check_config_files(self._argv)
         if args is not None:  # given explicitly: the process's own argv is not ours to read
             sys.argv = saved[:1]  # (LightningCLI would warn about both, once per call)
         try:
@@ -181,8 +202,16 @@ class BFTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         from bft_lightning.callbacks.summary import RunSummary
+        from bft_lightning.utils.lightning_errors import is_configuration_error, translate
 
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except (TypeError, ValueError, RuntimeError, Exception) as err:
+            configuration = is_configuration_error(err) or isinstance(err, TypeError)
+            clear = translate(err, self._trainer_config()) if configuration else None
+            if clear is None:
+                raise
+            raise clear from err
         check_world_size(trainer)
         callbacks = trainer.callbacks  # type: ignore[attr-defined]
         if not any(isinstance(c, RunSummary) for c in callbacks):

@@ -33,6 +33,7 @@ from bft_lightning.cli import main
 from bft_lightning.datamodules import SequenceDataModule
 from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, read_state_dict
 from bft_lightning.utils import CheckpointLoadError, atomic_torch_save
+from bft_lightning.utils.checkpoint_format import save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -159,7 +160,7 @@ def ckpt_from(edit: Callable[[dict], object] | None = None, raw: bytes | None = 
         else:
             checkpoint = torch.load(ckpt, weights_only=True)
             edit(checkpoint)
-            atomic_torch_save(checkpoint, target)
+            save_checkpoint(checkpoint, target)  # sealed again, with a new digest
 
     return setup
 
@@ -333,8 +334,8 @@ BAD = [
         "directory_instead_of_file",
         files(d__x_dot_txt="1 2 3\n"),
         datamodule("d"),
-        FileNotFoundError,
-        r"interaction file not found: {in}/d$",
+        ValueError,
+        r"{in}/d: is a directory, not an interaction file",
     ),
     Bad(
         "unknown_dataset_name",

@@ -62,6 +62,16 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
         )
     if trainer.interrupted:
         return False, "training was interrupted before it converged"
+    if trainer.num_training_batches == 0 or trainer.global_step == 0:
+        limit = getattr(trainer, "limit_train_batches", None)
+        why = (
+            f"max_steps={trainer.max_steps}" if trainer.max_steps == 0
+            else f"limit_train_batches={limit}" if limit in (0, 0.0)
+            else "the training data gave no batch"
+        )  # fmt: skip
+        return False, (
+            f"trained nothing: no training step ran ({why}); the weights are the initial ones"
+        )
     timer = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)), None)
     remaining = None if timer is None else timer.time_remaining("train")
     if remaining is not None and remaining <= 0:
@@ -75,6 +85,11 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
         return False, f"stopped at the cap {cap} (no early stopping configured)"
     wait = stopper.wait_count
     when = "at the last validation" if wait == 0 else f"{wait} validation(s) before the end"
+    if not math.isfinite(_float(stopper.best_score)):
+        return False, (
+            f"cut short: stopped at the cap {cap} before any validation gave {stopper.monitor} "
+            f"(early stopping had nothing to compare); raise {flag} or validate more often"
+        )
     return False, (
         f"cut short: stopped at the cap {cap} before early stopping converged ({stopper.monitor} "
         f"last improved {when}, patience {stopper.patience}); raise {flag} "

@@ -35,6 +35,7 @@ from bft_lightning.utils.checkpoint_format import (
     CHECKPOINT_KEY,
     CheckpointRecord,
     read_record,
+    seal_checkpoints,
     write_record,
 )
 from bft_lightning.tasks.ddp import global_mean
@@ -217,6 +218,8 @@ class SequentialRecommendation(L.LightningModule):
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self._trainer is not None:
+            seal_checkpoints(self.trainer)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         data_items = getattr(dm, "num_items", None)
         if isinstance(data_items, int) and data_items != self.num_items:

@@ -33,6 +33,7 @@ __all__ = [
     "read_record",
     "save_checkpoint",
     "seal",
+    "seal_checkpoints",
     "write_record",
 ]
 
@@ -124,6 +125,19 @@ def seal(checkpoint: dict[str, Any]) -> None:
     raw = checkpoint.get(CHECKPOINT_KEY)
     if isinstance(raw, dict):
         raw["sealed"] = True
+
+
+def seal_checkpoints(trainer: Any) -> None:
+    """Make ``trainer`` write sealed checkpoints: Lightning's plain local writer is
+    replaced by :class:`~bft_lightning.utils.checkpoint_io.AtomicCheckpointIO` (atomic,
+    with a digest). A writer the user configured is left alone."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    from bft_lightning.utils.checkpoint_io import AtomicCheckpointIO
+
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is not None and type(getattr(strategy, "checkpoint_io", None)) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
 
 
 def is_sealed(checkpoint: dict[str, Any]) -> bool:

@@ -108,7 +108,8 @@ def _innermost(err: BaseException) -> BaseException:
             "jsonargparse"
         ):
             found = current
-        current = current.__cause__ or current.__context__
+        context = None if current.__suppress_context__ else current.__context__
+        current = current.__cause__ or context  # `raise ... from None` hides its context
     return found
 
 

@@ -131,9 +131,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def _calibrate(capsys, *args: str) -> tuple[int, str]:
     """``calibrate`` in this process: (exit status, stderr)."""
+    from bft_lightning.cli import build_datamodule
     from bft_lightning.serving.calibrate_cli import main
 
-    code = main(list(args))
+    code = main(list(args), build_data=build_datamodule)
     return code, capsys.readouterr().err
 
 
