@@ -148,7 +148,10 @@ class BFTCLI(LightningCLI):
 
         saved = sys.argv
         self._argv = list(sys.argv[1:] if args is None else args)
-        check_config_files(self._argv)
+        try:
+            check_config_files(self._argv)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
         if args is not None:  # given explicitly: the process's own argv is not ours to read
             sys.argv = saved[:1]  # (LightningCLI would warn about both, once per call)
         try:
