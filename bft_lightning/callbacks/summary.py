@@ -169,7 +169,11 @@ class RunSummary(Callback):
 
         print(f"\n{stage} metrics (full ranking):\n{strata_table(results)}", flush=True)
         where = getattr(pl_module, "_report_dir", lambda: None)()
-        if where is not None and (where / "metrics.md").is_file():
+        partial = stage == "test" and getattr(pl_module, "_partial_test", lambda: None)()
+        if partial and where is not None and (where / "metrics_partial.md").is_file():
+            print(f"partial evaluation ({partial}): written to {where}: metrics_partial.md, "
+                  "metrics_partial.json, strata_partial.png", flush=True)  # fmt: skip
+        elif where is not None and (where / "metrics.md").is_file():
             print(f"written to {where}: metrics.md, metrics.json, strata.png", flush=True)
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -314,7 +314,21 @@ class SequentialRecommendation(L.LightningModule):
         out = self._report_dir()
         if out is not None and self.trainer.is_global_zero:
             title = f"{type(self.model).__name__} precision={self.model.precision}"
-            write_report(self.test_results, out, title)
+            write_report(self.test_results, out, title, partial=self._partial_test())
+
+    def _partial_test(self) -> str | None:
+        """``"k of n test batches"`` when the test saw only part of the users, else None."""
+        trainer = self.trainer
+        done = sum(int(n) for n in trainer.num_test_batches)
+        loaders = trainer.test_dataloaders
+        loaders = loaders if isinstance(loaders, list | tuple) else [loaders]
+        try:
+            full = sum(len(dl) for dl in loaders if dl is not None)
+        except TypeError:
+            return None
+        if getattr(trainer, "fast_dev_run", False) or done < full:
+            return f"{done} of {full} test batches (limit_test_batches / fast_dev_run)"
+        return None
 
     def _log_metrics(self, split: str, metrics: dict[str, float]) -> None:
         scalars = {f"{split}/{k}": v for k, v in metrics.items() if math.isfinite(v)}
