@@ -233,7 +233,10 @@ class BFTCLI(LightningCLI):
         a warning that counts them). Left alone when the config sets it.
         """
         path, checkpoint = self._ckpt_path(), getattr(self, "_checkpoint", None)
-        vocabulary = ((checkpoint or {}).get("bft_lightning") or {}).get("vocabulary")
+        from bft_lightning.utils.checkpoint_format import read_record
+
+        record = read_record(checkpoint) if checkpoint else None
+        vocabulary = None if record is None else record.vocabulary
         if path is None or not vocabulary:
             return
         init = (self.config[self.config["subcommand"]].get("data") or {}).get("init_args")
