@@ -81,12 +81,19 @@ def same_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any]) -> b
 
 
 def measure(
-    item_ids: Sequence[str], item_frequency: Any, data_item_ids: Sequence[str], data_items: Any
+    item_ids: Sequence[str], item_frequency: Any, data_item_ids: Sequence[str], data_counts: Any
 ) -> DataMatch:
-    """The overlap of data (raw ids by index, interaction codes) with a checkpoint's vocabulary."""
+    """The overlap of data with a checkpoint's vocabulary.
+
+    ``data_counts[i]``: the data's training count of item ``data_item_ids[i]`` (counted as
+    the checkpoint's ``item_frequency`` is: the leave-one-out training part), so that the
+    same data overlaps its checkpoint exactly.
+    """
     index = {str(raw): i for i, raw in enumerate(item_ids) if i > 0}
     freq = np.asarray(item_frequency, dtype=np.float64)[: len(item_ids)]
-    counts = np.bincount(np.asarray(data_items, dtype=np.int64), minlength=len(data_item_ids))
+    counts = np.zeros(len(data_item_ids), dtype=np.float64)
+    given = np.asarray(data_counts, dtype=np.float64)[: len(data_item_ids)]
+    counts[: len(given)] = given
     codes = np.array([index.get(str(raw), 0) for raw in data_item_ids], dtype=np.int64)
     codes[:1] = 0  # padding
     total = counts[1:].sum()
@@ -104,7 +111,7 @@ def measure(
 def check_data_match(
     vocabulary: dict[str, Any],
     data_item_ids: Sequence[str],
-    data_items: Any,
+    data_counts: Any,
     fingerprint: dict[str, Any],
     data_format: str | None,
     source: str,
@@ -121,7 +128,7 @@ def check_data_match(
     if same_fingerprint(saved, fingerprint):
         return None
     match = measure(vocabulary["item_ids"], vocabulary.get("item_frequency", []),
-                    data_item_ids, data_items)  # fmt: skip
+                    data_item_ids, data_counts)  # fmt: skip
     if allow_other_data:
         return match
     trained = describe_fingerprint(saved)

@@ -64,7 +64,8 @@ class CheckpointVocabulary:
     ) -> SequenceData:
         item_ids = [str(i) for i in vocabulary["item_ids"]]
         allow = bool(getattr(self, "allow_other_data", False))
-        match = check_data_match(vocabulary, [str(i) for i in data.item_ids], data.items,
+        counts = leave_one_out(data).item_frequency  # counted as the checkpoint's
+        match = check_data_match(vocabulary, [str(i) for i in data.item_ids], counts,
                                  self.fingerprint(), self.data_format(), source,
                                  self._describe(), allow)  # fmt: skip
         if [str(i) for i in data.item_ids] == item_ids:

@@ -64,20 +64,21 @@ def _id(value: object, path: Path, line: int, field: str) -> str:
     return text
 
 
-def _text_lines(fh: IO[str], path: Path) -> Iterator[tuple[int, str]]:
-    line = 0
-    try:
-        for line, text in enumerate(fh, start=1):
-            yield line, text
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path}:{line + 1}: not UTF-8 text ({err.reason})") from None
+def _text_lines(fh: IO[bytes], path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a file opened in binary, decoded line by line, so that an
+    undecodable byte is reported on its own line (a text-mode reader decodes in chunks)."""
+    for line, raw in enumerate(fh, start=1):
+        try:
+            yield line, raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path}:{line}: not UTF-8 text ({err.reason})") from None
 
 
 def read_jsonl(path: str | Path) -> Iterator[History]:
     """Histories from JSON lines, lazily; blank lines are skipped."""
     path = Path(path)
     seen: dict[str, int] = {}  # user -> its line (a user is one history, as in CSV)
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as fh:
         for line, text in _text_lines(fh, path):
             if not text.strip():
                 continue
@@ -172,7 +173,7 @@ def read_csv(path: str | Path) -> Iterator[History]:
     are kept, to detect that.
     """
     path = Path(path)
-    with open(path, encoding="utf-8", newline="") as fh:
+    with open(path, "rb") as fh:
         reader = csv.reader(line for _, line in _text_lines(fh, path))
         columns: dict[str, int] | None = None
         width: int | None = None
