@@ -171,7 +171,12 @@ class BFTCLI(LightningCLI):
         """Apply the checkpoint's hyperparameters, then what the user stated over them
         (:mod:`bft_lightning.cli_overrides`): explicit options win; options that would
         invalidate the weights are refused."""
-        from bft_lightning.cli_overrides import explicit_model_options, keep_explicit
+        from bft_lightning.cli_overrides import (
+            explicit_model_options,
+            keep_explicit,
+            recorded_options,
+        )
+        from bft_lightning.utils.checkpoint_format import read_record
 
         subcommand = self.config.get("subcommand")
         path = self._ckpt_path()
@@ -182,7 +187,9 @@ class BFTCLI(LightningCLI):
         before = model.clone()
         super()._parse_ckpt_path()
         explicit = explicit_model_options(getattr(self, "_argv", []))
-        keep_explicit(before, self.config[subcommand]["model"], explicit, path)
+        checkpoint = getattr(self, "_checkpoint", None)
+        recorded = recorded_options(read_record(checkpoint) if checkpoint else None)
+        keep_explicit(before, self.config[subcommand]["model"], explicit, path, recorded)
 
     def _allow_other_data(self) -> None:
         """``--allow_other_data`` reaches the data module (``allow_other_data``)."""
@@ -289,6 +296,13 @@ class BFTCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._check_checkpoint()
+        checkpoint, cap = getattr(self, "_checkpoint", None), self.trainer.max_epochs
+        epoch = (checkpoint or {}).get("epoch")
+        if isinstance(epoch, int) and cap not in (None, -1) and epoch > cap:  # as Lightning
+            raise SystemExit(
+                f"error: --trainer.max_epochs={cap}: the checkpoint {self._ckpt_path()} was "
+                f"saved at epoch {epoch}, beyond it; raise --trainer.max_epochs to train on"
+            )
 
     def before_validate(self) -> None:
         self._refuse_untrained()

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["WEIGHT_OPTIONS", "explicit_model_options", "keep_explicit"]
+__all__ = ["WEIGHT_OPTIONS", "explicit_model_options", "keep_explicit", "recorded_options"]
 
 # options whose value is part of the weights' shape or meaning
 WEIGHT_OPTIONS = frozenset({
@@ -93,9 +93,28 @@ def _flat(ns: Any) -> dict[str, Any]:
     return {_norm(str(k)): (str(k), v) for k, v in items}
 
 
-def keep_explicit(before: Any, after: Any, explicit: set[str], source: str) -> list[str]:
+def recorded_options(record: Any) -> dict[str, Any]:
+    """What a checkpoint's format record says the weights were built with (normalised
+    names: ``backbone.d_model``, ``backbone.class_path``, ``num_items``, ``max_len``)."""
+    if record is None:
+        return {}
+    out: dict[str, Any] = {}
+    spec = record.backbone_init or {}
+    if spec.get("class_path"):
+        out["backbone.class_path"] = spec["class_path"]
+    for key, value in (spec.get("init_args") or {}).items():
+        out[f"backbone.{key}"] = value
+    return out
+
+
+def keep_explicit(
+    before: Any, after: Any, explicit: set[str], source: str, recorded: dict[str, Any] | None = None
+) -> list[str]:
     """Put the user's explicit values of ``before`` back into ``after`` (the model namespace
     after the checkpoint's hyperparameters were applied); returns the options restored.
+
+    ``recorded``: what the checkpoint's record says the weights were built with
+    (:func:`recorded_options`), checked too for the options in :data:`WEIGHT_OPTIONS`.
 
     Raises:
         SystemExit: an explicit option in :data:`WEIGHT_OPTIONS` differs from the checkpoint.
@@ -103,20 +122,30 @@ def keep_explicit(before: Any, after: Any, explicit: set[str], source: str) -> l
     old, new = _flat(before), _flat(after)
     restored = []
     for name in sorted(explicit):
-        if name not in old or name not in new:
+        if name not in old:
             continue
-        (_, mine), (key, saved) = old[name], new[name]
+        mine = old[name][1]
+        weight = name.split(".")[-1] in WEIGHT_OPTIONS
+        if weight and name in (recorded or {}) and not _same(mine, (recorded or {})[name]):
+            _refuse(name, mine, (recorded or {})[name], source)
+        if name not in new:
+            continue
+        key, saved = new[name]
         if _same(mine, saved):
             continue
-        if name.split(".")[-1] in WEIGHT_OPTIONS:
-            raise SystemExit(
-                f"error: --model.{name}: {mine!r} given, but the checkpoint {source} was "
-                f"trained with {saved!r}; this option cannot change without invalidating its "
-                "weights (drop it, or train a new model)"
-            )
+        if weight:
+            _refuse(name, mine, saved, source)
         after[key] = mine
         restored.append(name)
     return restored
+
+
+def _refuse(name: str, mine: Any, saved: Any, source: str) -> None:
+    raise SystemExit(
+        f"error: --model.{name}: {mine!r} given, but the checkpoint {source} was trained with "
+        f"{saved!r}; this option cannot change without invalidating its weights (drop it, or "
+        "train a new model)"
+    )
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -420,7 +420,7 @@ CASES = [
          r"--trainer.log_every_n_steps=0: must be an integer >= 1"),
     Case("restored_epoch_beyond_max", cli("fit", "--ckpt_path={in}/model.ckpt",
                                           "--trainer.max_epochs=1"),
-         r"--trainer.max_epochs=1: You restored a checkpoint with current_epoch=2"),
+         r"--trainer.max_epochs=1: the checkpoint {in}/model.ckpt was saved at epoch 2"),
     Case("device_cuda_recommend", rec("--device", "cuda"),
          r"--device: cuda asked for, but CUDA is not available"),
     Case("device_cuda_calibrate", cal("--device", "cuda"),
@@ -480,7 +480,7 @@ CASES = [
          r"{in}/n.yaml: includes bb.yaml, which is missing",
          write("n.yaml", "model:\n  init_args:\n    backbone: bb.yaml\n")),
     Case("config_include_of_include_missing", yaml("top.yaml"),
-         r"{in}/top.yaml: includes {in}/mid.yaml: includes gone.yaml, which is missing",
+         r"{in}/mid.yaml: includes gone.yaml, which is missing \(looked for {in}/gone.yaml\)",
          lambda inp: (write("top.yaml", "data: mid.yaml\n")(inp),
                       write("mid.yaml", "init_args:\n  x: gone.yaml\n")(inp))),
     Case("config_duplicate_key", yaml("d.yaml"),
@@ -619,3 +619,117 @@ def test_bad_api_argument_is_a_value_error_naming_it(case, trained, tmp_path):
     assert re.search(case.message, str(info.value)), str(info.value)
     assert "\n" not in str(info.value)
     assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------- what must keep working
+def _quiet_main(argv: list[str]):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return main(argv)
+
+
+@pytest.mark.parametrize("sub", ["test", "validate", "predict", "fit"])
+def test_the_users_evaluation_options_win_over_the_checkpoints(sub, trained, tmp_path):
+    """``--ckpt_path`` re-applies the saved hyperparameters (upstream Lightning); what the
+    user states explicitly wins, and the run's own config file says so."""
+    extra = ["--trainer.max_epochs=3"] if sub == "fit" else []
+    run = _quiet_main([sub, "--config", str(SASREC), *TINY,
+                       f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={trained}",
+                       "--model.init_args.mask_history=true", "--model.init_args.ks=[3,7]",
+                       "--trainer.limit_val_batches=2", *extra])  # fmt: skip
+    assert run.model.mask_history is True and tuple(run.model.ks) == (3, 7)
+    saved = torch.load(trained, weights_only=True)["hyper_parameters"]
+    assert saved["mask_history"] is False and tuple(saved["ks"]) == (1, 5, 10, 20)
+    config = run.config[sub]["model"]["init_args"]
+    assert config["mask_history"] is True and tuple(config["ks"]) == (3, 7)
+    if sub == "test":
+        assert {"hr@3", "hr@7"} <= set(run.model.test_results)
+        assert "hr@10" not in run.model.test_results
+
+
+def test_options_the_user_did_not_state_keep_the_checkpoints(trained, tmp_path):
+    run = _quiet_main(["test", "--config", str(SASREC), *TINY,
+                       f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={trained}",
+                       "--trainer.limit_test_batches=1"])  # fmt: skip
+    assert run.model.mask_history is False and tuple(run.model.ks) == (1, 5, 10, 20)
+
+
+def test_a_partial_test_is_marked_and_never_replaces_the_full_one(trained, tmp_path):
+    report = tmp_path / "report"
+    args = ["test", "--config", str(SASREC), *TINY, f"--trainer.default_root_dir={tmp_path}",
+            f"--ckpt_path={trained}", f"--model.init_args.report_dir={report}"]  # fmt: skip
+    _quiet_main(args)
+    full = (report / "metrics.md").read_bytes()
+    _quiet_main([*args, "--trainer.limit_test_batches=1"])
+    assert (report / "metrics.md").read_bytes() == full
+    partial = (report / "metrics_partial.md").read_text()
+    assert re.search(r"\*\*Partial evaluation: 1 of \d+ test batches", partial)
+    assert json.loads((report / "metrics_partial.json").read_text())["partial"].startswith("1 of")
+
+
+def test_untrained_weights_run_only_when_asked(tmp_path):
+    run = _quiet_main(["test", "--config", str(SASREC), *TINY,
+                       f"--trainer.default_root_dir={tmp_path}", "--allow_untrained",
+                       "--trainer.limit_test_batches=1"])  # fmt: skip
+    assert run.model.test_results
+
+
+def test_a_fit_with_no_training_batch_says_it_trained_nothing(tmp_path, capsys):
+    _quiet_main(["fit", "--config", str(SASREC), *TINY, f"--trainer.default_root_dir={tmp_path}",
+                 "--trainer.limit_train_batches=0", "--trainer.max_epochs=1",
+                 "--trainer.callbacks=[]"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "trained nothing: no training step ran (limit_train_batches=0)" in out
+    assert "last improved" not in out
+
+
+def test_an_output_is_replaced_only_with_overwrite_and_it_says_so(trained, tmp_path, capsys):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    standard_inputs(inp, trained)
+    argv = ["recommend", "--ckpt_path", str(inp / "model.ckpt"), "--input",
+            str(inp / "hist.jsonl"), "--output", str(inp / "earlier.csv"), "--no-progress",
+            "--overwrite"]  # fmt: skip
+    entry(argv)
+    err = capsys.readouterr().err
+    assert "(replaced the existing file: --overwrite)" in err
+    assert (inp / "earlier.csv").read_text().startswith("user,rank,item,score,confidence\nu0,1,")
+
+
+def test_a_checkpoint_from_before_digests_loads_with_a_warning(trained, tmp_path):
+    """Never sealed, no digest record: it loads, saying it cannot be verified."""
+    from bft_lightning.serving import Recommender
+    from bft_lightning.utils import atomic_torch_save
+
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["bft_lightning"].pop("sealed")
+    old = tmp_path / "old.ckpt"
+    atomic_torch_save(checkpoint, old)  # no digest, as before digests existed
+    with pytest.warns(UserWarning, match=re.escape(f"{old}: the checkpoint carries no content")):
+        rec = Recommender.from_checkpoint(old)
+    assert rec.num_items == len(item_ids(trained))
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("command", ["recommend", "calibrate"])
+def test_debug_shows_the_traceback_of_every_command(command, how, trained, tmp_path, monkeypatch):
+    argv = [command, "--ckpt_path", str(tmp_path / "gone.ckpt"), "--input",
+            str(tmp_path / "h.jsonl")]  # fmt: skip
+    if command == "recommend":
+        argv += ["--output", str(tmp_path / "r.csv")]
+    (tmp_path / "h.jsonl").write_text('{"user": "a", "items": ["1", "2"]}\n')
+    if how == "flag":
+        argv.append("--debug")
+    else:
+        monkeypatch.setenv("BFT_DEBUG", "1")
+    with pytest.raises((ValueError, FileNotFoundError), match="gone.ckpt"):
+        entry(argv)
+
+
+def test_the_help_lists_every_subcommand_in_whole_lines(capsys):
+    with pytest.raises(SystemExit):
+        entry(["--help"])
+    out = capsys.readouterr().out
+    for name in ("fit", "validate", "test", "predict", "recommend", "calibrate", "tune", "serve",
+                 "export"):  # fmt: skip
+        assert re.search(rf"^  {name} +\S.*[^,]$", out, re.MULTILINE), name
