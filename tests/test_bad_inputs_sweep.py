@@ -657,7 +657,8 @@ def test_options_the_user_did_not_state_keep_the_checkpoints(trained, tmp_path):
 def test_a_partial_test_is_marked_and_never_replaces_the_full_one(trained, tmp_path):
     report = tmp_path / "report"
     args = ["test", "--config", str(SASREC), *TINY, f"--trainer.default_root_dir={tmp_path}",
-            f"--ckpt_path={trained}", f"--model.init_args.report_dir={report}"]  # fmt: skip
+            f"--ckpt_path={trained}", f"--model.init_args.report_dir={report}",
+            "--data.init_args.eval_batch_size=64"]  # fmt: skip
     _quiet_main(args)
     full = (report / "metrics.md").read_bytes()
     _quiet_main([*args, "--trainer.limit_test_batches=1"])
@@ -690,7 +691,9 @@ def test_an_output_is_replaced_only_with_overwrite_and_it_says_so(trained, tmp_p
     argv = ["recommend", "--ckpt_path", str(inp / "model.ckpt"), "--input",
             str(inp / "hist.jsonl"), "--output", str(inp / "earlier.csv"), "--no-progress",
             "--overwrite"]  # fmt: skip
-    entry(argv)
+    with pytest.raises(SystemExit) as done:
+        entry(argv)
+    assert done.value.code == 0
     err = capsys.readouterr().err
     assert "(replaced the existing file: --overwrite)" in err
     assert (inp / "earlier.csv").read_text().startswith("user,rank,item,score,confidence\nu0,1,")
