@@ -54,12 +54,6 @@ from bft_lightning.metrics.confidence import auroc, hit_rate_by_decile
 from bft_lightning.metrics.report import write_text_atomic
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import TopK
-from bft_lightning.serving.hit_calibration import (
-    BASE_FEATURES,
-    confidence_features,
-    feature_names,
-    fit_calibration,
-)
 from bft_lightning.serving.confidence import (
     final_log_precision,
     gaussian_list_log_prob,
@@ -69,6 +63,12 @@ from bft_lightning.serving.confidence import (
     recommendation_confidence,
     score_variance,
     softmax_mass,
+)
+from bft_lightning.serving.hit_calibration import (
+    BASE_FEATURES,
+    confidence_features,
+    feature_names,
+    fit_calibration,
 )
 from bft_lightning.tasks.recommendation import trim_left_padding
 

@@ -332,7 +332,6 @@ class BFTCLI(LightningCLI):
         if hasattr(self.model, "predict_k") and config.get("return_predictions") is None:
             config["return_predictions"] = False  # written by the writer, not kept in memory
 
-
     def _inputs(self) -> list[str]:
         """The files this run reads (checkpoint, config files, data files): never outputs."""
         files = [a.partition("=")[2] or b for a, b in zip(self._argv, [*self._argv[1:], ""])

@@ -32,7 +32,7 @@ import torch
 from bft_lightning.cli import main
 from bft_lightning.datamodules import SequenceDataModule
 from bft_lightning.models.checkpoint import CheckpointError, load_tokenizer, read_state_dict
-from bft_lightning.utils import CheckpointLoadError, atomic_torch_save
+from bft_lightning.utils import CheckpointLoadError
 from bft_lightning.utils.checkpoint_format import save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore")

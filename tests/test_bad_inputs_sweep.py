@@ -208,8 +208,9 @@ def ckpt_dir(inp: Path) -> None:
 def foreign_ids(inp: Path) -> None:
     """Histories whose ids the checkpoint has never seen."""
     (inp / "unknown.jsonl").write_text(
-        "".join(json.dumps({"user": f"u{u}", "items": [f"x{u}", f"y{u}", "z"]}) + "\n"
-                for u in range(5))  # fmt: skip
+        "".join(
+            json.dumps({"user": f"u{u}", "items": [f"x{u}", f"y{u}", "z"]}) + "\n" for u in range(5)
+        )  # fmt: skip
     )
 
 
@@ -365,8 +366,8 @@ CASES = [
          r"ids of {in}/other.txt", s3rec_file(10**6)),
     Case("other_data_calibrate_config",
          ["calibrate", "--ckpt_path", "{in}/model.ckpt", "--config", str(SASREC), *TINY[:2],
-          "--data.init_args.synthetic_items=60",
-                                "--data.init_args.synthetic_clusters=5"], r"{in}/model.ckpt: .*overlaps it little"),
+          "--data.init_args.synthetic_items=60", "--data.init_args.synthetic_clusters=5"],
+         r"{in}/model.ckpt: .*overlaps it little"),
     Case("unknown_ids_calibrate_input",
          ["calibrate", "--ckpt_path", "{in}/model.ckpt", "--input", "{in}/unknown.jsonl"],
          r"{in}/unknown.jsonl: the data's item ids do not match the checkpoint's: none of",
@@ -565,8 +566,9 @@ def _writer(**kw: object) -> Callable[[Path], object]:
 def _other_data(ckpt: Path) -> object:
     from bft_lightning.datamodules import SequenceDataModule
 
-    dm = SequenceDataModule(max_len=12, synthetic_users=300, synthetic_items=60,
-                           synthetic_clusters=5)
+    dm = SequenceDataModule(
+        max_len=12, synthetic_users=300, synthetic_items=60, synthetic_clusters=5
+    )
     return dm.use_vocabulary(torch.load(ckpt, weights_only=True)["bft_lightning"]["vocabulary"],
                              str(ckpt))  # fmt: skip
 

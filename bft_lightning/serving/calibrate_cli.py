@@ -49,7 +49,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-format", choices=("jsonl", "csv"), default=None)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument(
-        "--allow-other-data", "--allow_other_data", dest="allow_other_data", action="store_true",
+        "--allow-other-data",
+        "--allow_other_data",
+        dest="allow_other_data",
+        action="store_true",
         help="calibrate on data that is not the checkpoint's training data",
     )
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -151,8 +154,8 @@ def _check_known(
         what = "none" if known == 0 else f"only {share:.0%}"
         raise InputError(
             f"{source}: the data's item ids do not match the checkpoint's: {what} of its "
-            f"{len(ids)} item ids are known to the checkpoint ({rec.num_items} items); pass --allow-other-data "
-            "if this is meant"
+            f"{len(ids)} item ids are known to the checkpoint ({rec.num_items} items); "
+            "pass --allow-other-data if this is meant"
         )
 
 

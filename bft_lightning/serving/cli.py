@@ -309,7 +309,9 @@ def run(opts: argparse.Namespace) -> str:
         output_format(opts.output, opts.output_format)
     except ValueError as err:
         raise InputError(f"--output {err}") from None
-    opts.overwrite_existing = check_output(opts.output, [opts.input, opts.ckpt_path], opts.overwrite)
+    opts.overwrite_existing = check_output(
+        opts.output, [opts.input, opts.ckpt_path], opts.overwrite
+    )
     check_device(opts.device, "--device")
     histories = read_histories(opts.input, opts.input_format)
     try:
@@ -365,6 +367,7 @@ def _write(rec: Recommender, histories: Iterator[History], k: int, opts: argpars
         bar.close()
     replaced = " (replaced the existing file: --overwrite)" if opts.overwrite_existing else ""
     return (
-        f"recommend: {users} users, {rows.rows} rows written to {path}{replaced}; {unknown} unknown item "
-        f"ids skipped in {unknown_users} histories; {cold} cold users (empty history: popularity)"
+        f"recommend: {users} users, {rows.rows} rows written to {path}{replaced}; {unknown} "
+        f"unknown item ids skipped in {unknown_users} histories; {cold} cold users (empty "
+        "history: popularity)"
     )

@@ -30,11 +30,12 @@ from bft_lightning.utils.checkpoint_io import CheckpointLoadError, safe_load_che
 from bft_lightning.utils.checks import check_bool, check_int
 from bft_lightning.utils.devices import check_device
 
-from .hit_calibration import ConfidenceCalibration, feature_names, fit_calibration
 from .histories import EncodedHistory, check_times, left_pad, pad_times
+from .hit_calibration import ConfidenceCalibration, feature_names, fit_calibration
 from .inference import list_features, rank_next
 
 __all__ = ["EncodedHistory", "Recommendation", "Recommender", "UnknownItemsError"]
+
 
 @dataclass(frozen=True)
 class Recommendation:

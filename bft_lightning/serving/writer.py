@@ -36,8 +36,10 @@ __all__ = ["RecommendationWriter", "data_files"]
 def data_files(datamodule: object) -> list[str]:
     """The files a data module reads (none for generated data)."""
     source = getattr(datamodule, "_source", None)
-    if not callable(source) or getattr(datamodule, "path", None) is None and (
-        getattr(datamodule, "dataset", None) == "synthetic"
+    if (
+        not callable(source)
+        or getattr(datamodule, "path", None) is None
+        and (getattr(datamodule, "dataset", None) == "synthetic")
     ):
         return []
     from bft_lightning.datamodules.cache import source_files
@@ -146,7 +148,9 @@ class RecommendationWriter(BasePredictionWriter):
         if self._rows is not None:
             path = self._rows.commit()
             replaced = " (replaced the existing file: --overwrite)" if self._replaces else ""
-            rank_zero_info(f"RecommendationWriter: wrote {self._rows.rows} rows to {path}{replaced}")
+            rank_zero_info(
+                f"RecommendationWriter: wrote {self._rows.rows} rows to {path}{replaced}"
+            )
             self._rows = None
 
     def on_exception(

@@ -31,6 +31,8 @@ from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import target_ranks
 from bft_lightning.tasks import checkpoint_checks as ckpt
 from bft_lightning.tasks.checkpoint_checks import qualname
+from bft_lightning.tasks.ddp import global_mean
+from bft_lightning.tasks.optim import configure_adamw
 from bft_lightning.utils.checkpoint_format import (
     CHECKPOINT_KEY,
     CheckpointRecord,
@@ -38,8 +40,6 @@ from bft_lightning.utils.checkpoint_format import (
     seal_checkpoints,
     write_record,
 )
-from bft_lightning.tasks.ddp import global_mean
-from bft_lightning.tasks.optim import configure_adamw
 
 __all__ = ["CHECKPOINT_KEY", "SequentialRecommendation", "backbone_spec", "trim_left_padding"]
 

@@ -33,8 +33,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise ValueError(
-                    f"key {key!r} is given twice, on line {seen[key]} and line {line} "
-                    "(keep one)"
+                    f"key {key!r} is given twice, on line {seen[key]} and line {line} (keep one)"
                 )
             seen[key] = line
         return super().construct_mapping(node, deep)

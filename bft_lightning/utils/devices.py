@@ -27,14 +27,11 @@ def check_device(device: object, what: str = "device") -> torch.device:
                 f"{str(err).splitlines()[0]}"
             ) from None
     else:
-        raise ValueError(
-            f"{what}: expected a device name such as 'cpu' or 'cuda', got {device!r}"
-        )
+        raise ValueError(f"{what}: expected a device name such as 'cpu' or 'cuda', got {device!r}")
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
-                f"{what}: {device!s} asked for, but CUDA is not available on this machine "
-                "(use cpu)"
+                f"{what}: {device!s} asked for, but CUDA is not available on this machine (use cpu)"
             )
         count = torch.cuda.device_count()
         if parsed.index is not None and parsed.index >= count:

@@ -20,7 +20,11 @@ from typing import Any
 __all__ = ["check_trainer_options", "is_configuration_error", "translate"]
 
 # words in Lightning's messages that name an option without spelling it
-_ALIASES = {"gpu backend": "accelerator", "accelerator": "accelerator", "current_epoch": "max_epochs"}
+_ALIASES = {
+    "gpu backend": "accelerator",
+    "accelerator": "accelerator",
+    "current_epoch": "max_epochs",
+}
 
 
 def _trainer_options() -> list[str]:

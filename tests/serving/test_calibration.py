@@ -15,13 +15,13 @@ from recdata import FIRST, NUM_ITEMS, config, successor
 
 from bft_lightning import Recommender
 from bft_lightning.retrieval import TopK
+from bft_lightning.serving.confidence import plackett_luce_log_prob, softmax_mass
 from bft_lightning.serving.hit_calibration import (
     ConfidenceCalibration,
     confidence_features,
     feature_names,
     fit_calibration,
 )
-from bft_lightning.serving.confidence import plackett_luce_log_prob, softmax_mass
 from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]

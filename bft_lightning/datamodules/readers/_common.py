@@ -3,12 +3,11 @@ iteration (the exact, line-by-line path) and the row builder."""
 
 from __future__ import annotations
 
-import re
-
 import codecs
 import gzip
 import io
 import math
+import re
 from collections.abc import Generator
 from pathlib import Path
 
