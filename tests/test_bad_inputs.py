@@ -544,16 +544,16 @@ BAD = [
         ckpt_from(),
         cli_run("--ckpt_path={in}/model.ckpt", config=EXPERIMENTS / "hstu_on_synthetic.yaml"),
         CLIError,
-        r"{in}/model.ckpt: checkpoint from another model: its backbone is "
-        r"bft_lightning.models.sasrec.SASRec, this run builds bft_lightning.models.hstu.HSTU",
+        r"--model.backbone.class_path: 'bft_lightning.models.HSTU' given, but the checkpoint "
+        r"{in}/model.ckpt was trained with 'bft_lightning.models.sasrec.SASRec'",
     ),
     Bad(
         "checkpoint_with_other_options",
         ckpt_from(),
         cli_run("--model.init_args.backbone.init_args.d_model=24", "--ckpt_path={in}/model.ckpt"),
         CLIError,
-        r"{in}/model.ckpt: parameter model\.\S+ has shape \(\d+, 16\) in the checkpoint, "
-        r"\(\d+, 24\) in this model",
+        r"--model.backbone.d_model: 24 given, but the checkpoint {in}/model.ckpt was trained "
+        r"with 16; this option cannot change without invalidating its weights",
     ),
     Bad(
         "checkpoint_from_a_language_model",

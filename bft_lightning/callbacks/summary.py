@@ -62,16 +62,6 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
         )
     if trainer.interrupted:
         return False, "training was interrupted before it converged"
-    if trainer.num_training_batches == 0 or trainer.global_step == 0:
-        limit = getattr(trainer, "limit_train_batches", None)
-        why = (
-            f"max_steps={trainer.max_steps}" if trainer.max_steps == 0
-            else f"limit_train_batches={limit}" if limit in (0, 0.0)
-            else "the training data gave no batch"
-        )  # fmt: skip
-        return False, (
-            f"trained nothing: no training step ran ({why}); the weights are the initial ones"
-        )
     timer = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)), None)
     remaining = None if timer is None else timer.time_remaining("train")
     if remaining is not None and remaining <= 0:
@@ -81,6 +71,17 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
         cap, flag = f"max_steps={trainer.max_steps}", "--trainer.max_steps"
     else:
         cap, flag = f"max_epochs={trainer.max_epochs}", "--trainer.max_epochs"
+    if trainer.num_training_batches == 0 or trainer.global_step == 0:
+        limit = getattr(trainer, "limit_train_batches", None)
+        why = (
+            f"before the cap {cap}; raise {flag}" if flag == "--trainer.max_time"
+            else f"max_steps={trainer.max_steps}" if trainer.max_steps == 0
+            else f"limit_train_batches={limit}" if limit in (0, 0.0)
+            else "the training data gave no batch"
+        )  # fmt: skip
+        return False, (
+            f"trained nothing: no training step ran ({why}); the weights are the initial ones"
+        )
     if stopper is None:
         return False, f"stopped at the cap {cap} (no early stopping configured)"
     wait = stopper.wait_count

@@ -3,7 +3,7 @@
 jsonargparse reads a YAML config leniently: an empty file or one with only
 comments is "Unexpected config:" with no name, a list is taken for options,
 a key given twice keeps its last value silently, and an included file
-(``model: ../model/x.yaml``) that is missing is reported as an "import path".
+(``model: model/x.yaml``) that is missing is reported as an "import path".
 :func:`check_config_files` reads every config file a command line names, and
 every file they include (relative to the including file, as the parser
 resolves them), and refuses each of these with the file, the line and what
