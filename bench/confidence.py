@@ -54,12 +54,6 @@ from bft_lightning.metrics.confidence import auroc, hit_rate_by_decile
 from bft_lightning.metrics.report import write_text_atomic
 from bft_lightning.nn.stats import find_filter_layers, set_recording
 from bft_lightning.retrieval import TopK
-from bft_lightning.serving.calibration import (
-    BASE_FEATURES,
-    confidence_features,
-    feature_names,
-    fit_calibration,
-)
 from bft_lightning.serving.confidence import (
     final_log_precision,
     gaussian_list_log_prob,
@@ -69,6 +63,12 @@ from bft_lightning.serving.confidence import (
     recommendation_confidence,
     score_variance,
     softmax_mass,
+)
+from bft_lightning.serving.hit_calibration import (
+    BASE_FEATURES,
+    confidence_features,
+    feature_names,
+    fit_calibration,
 )
 from bft_lightning.tasks.recommendation import trim_left_padding
 
@@ -297,7 +297,7 @@ def analyse(val: dict, test: dict) -> dict:
         model = fit_logistic(_features(val, cols), yv.astype(np.float64))
         conf[label] = predict_logistic(model, _features(test, cols))
         val_auc[label] = _auc(predict_logistic(model, _features(val, cols)), yv)  # in-sample
-    # the shipped calibrated confidence (serving.calibration), fit on validation users; for
+    # the shipped calibrated confidence (serving.hit_calibration), fit on validation users; for
     # precision=on also without the filter's two features, to see what they add
     if "calibration_features" in val and "calibration_features" in test:
         on = "bft_log_prec" in test

@@ -10,7 +10,6 @@ model.init_args.max_len``.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +25,7 @@ import bft_lightning.tasks  # noqa: F401
 from bft_lightning.models.base import fold_flat_filter_options
 from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 from bft_lightning.utils.errors import run_with_clear_errors
+from bft_lightning.utils.launch import check_launch, check_world_size
 
 PROG = "python -m bft_lightning"
 
@@ -36,7 +36,26 @@ _MAIN_HELP = """Train and evaluate sequential recommenders and language models w
   python -m bft_lightning test --config ... --ckpt_path best    # test its best checkpoint
   python -m bft_lightning tune --config ... --search configs/search/sasrec_off.yaml --trials 12
 
+Subcommands:
+{subcommands}
+
 `<subcommand> --help` leads with the options that matter; --debug shows tracebacks."""
+
+# one line each, for `--help`; recommend ... export run their own parsers
+SUBCOMMANDS = {
+    "fit": "train a model (--ckpt_path last continues a run)",
+    "validate": "evaluate a checkpoint on the validation users",
+    "test": "evaluate a checkpoint on the test users; writes metrics.md",
+    "predict": "write every user's next top-k items to a file (predictions.csv)",
+    "recommend": "top-k next items for the histories of a file, from a checkpoint",
+    "calibrate": "fit a checkpoint's confidence to P(hit@k) on held-out users",
+    "tune": "search hyperparameters: each trial is a fit",
+    "serve": "answer recommendation requests over HTTP from a checkpoint",
+    "export": "write a checkpoint's model in a portable format",
+}
+_MAIN_HELP = _MAIN_HELP.format(
+    subcommands="\n".join(f"  {name:<10} {text}" for name, text in SUBCOMMANDS.items())
+)
 
 # what ``<subcommand> --help`` shows first, before the full list of options
 _USAGE = {
@@ -65,24 +84,79 @@ class BFTCLI(LightningCLI):
         parser.link_arguments("data.num_items", "model.init_args.num_items", apply_on="instantiate")
         parser.link_arguments("data.max_len", "model.init_args.max_len", apply_on="instantiate")
 
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        """LightningCLI's subcommands, described in one whole line each (:data:`SUBCOMMANDS`)."""
+        self._subcommand_parsers = {}
+        subcommands = parser.add_subcommands()
+        for subcommand in self.subcommands():
+            description = SUBCOMMANDS.get(subcommand, subcommand)
+            options = dict(kwargs.get(subcommand, {}))
+            options.setdefault("description", description)
+            sub = self._prepare_subcommand_parser(Trainer, subcommand, **options)
+            self._subcommand_parsers[subcommand] = sub
+            subcommands.add_subcommand(subcommand, sub, help=description)
+
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> Any:
+        from jsonargparse import ActionYesNo
+
         kwargs.setdefault("usage", f"{PROG} {subcommand} {_USAGE.get(subcommand, '[options]')}")
         kwargs["description"] = f"{kwargs.get('description') or ''}\n\n{_LEAD}".strip()
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        parser.add_argument(
+            "--allow_other_data", action=ActionYesNo, default=False,
+            help="use --ckpt_path with data it was not trained on (another fingerprint with "
+            "little overlap, or another reader format); off: an error naming both",
+        )  # fmt: skip
+        if subcommand in ("validate", "test", "predict"):
+            parser.add_argument(
+                "--allow_untrained", action=ActionYesNo, default=False,
+                help="run without --ckpt_path, on untrained (randomly initialised) weights",
+            )  # fmt: skip
+        if subcommand == "predict":
+            parser.add_argument(
+                "--overwrite", action=ActionYesNo, default=False,
+                help="replace an existing predictions file (never an input)",
+            )  # fmt: skip
         if subcommand in ("validate", "test"):
             # the run's own table (RunSummary, metrics.md) replaces Lightning's 100-row print
             parser.set_defaults(verbose=False)
         return parser
 
     def before_instantiate_classes(self) -> None:
+        from bft_lightning.utils.lightning_errors import check_trainer_options
+
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         backbone = config.get("model.init_args.backbone")
         if isinstance(backbone, Namespace):  # flat filter flags over the config's `filter:`
             fold_flat_filter_options(backbone.get("init_args"))
         check_launch(config)
+        check_trainer_options(config.get("trainer"))
+
+    def _trainer_config(self) -> Any:
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        return config.get("trainer") or {}
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run it; Lightning's configuration errors become one line naming the option."""
+        from bft_lightning.utils.lightning_errors import is_configuration_error, translate
+
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            clear = translate(err, self._trainer_config()) if is_configuration_error(err) else None
+            if clear is None:
+                raise
+            raise clear from err
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
+        from bft_lightning.utils.config_files import check_config_files
+
         saved = sys.argv
+        self._argv = list(sys.argv[1:] if args is None else args)
+        try:
+            check_config_files(self._argv)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
         if args is not None:  # given explicitly: the process's own argv is not ours to read
             sys.argv = saved[:1]  # (LightningCLI would warn about both, once per call)
         try:
@@ -96,11 +170,63 @@ class BFTCLI(LightningCLI):
             pin_run(self.config[subcommand], subcommand)
         self._checkpoint = self._read_checkpoint()
         self._use_checkpoint_vocabulary()
+        self._allow_other_data()
+
+    def _parse_ckpt_path(self) -> None:
+        """Apply the checkpoint's hyperparameters, then what the user stated over them
+        (:mod:`bft_lightning.cli_overrides`): explicit options win; options that would
+        invalidate the weights are refused."""
+        from bft_lightning.cli_overrides import (
+            explicit_model_options,
+            keep_explicit,
+            recorded_options,
+        )
+        from bft_lightning.utils.checkpoint_format import read_record
+
+        subcommand = self.config.get("subcommand")
+        path = self._ckpt_path()
+        model = self.config[subcommand].get("model") if subcommand else None
+        if path is None or model is None:
+            super()._parse_ckpt_path()
+            return
+        before = model.clone()
+        super()._parse_ckpt_path()
+        explicit = explicit_model_options(getattr(self, "_argv", []))
+        checkpoint = getattr(self, "_checkpoint", None)
+        recorded = recorded_options(read_record(checkpoint) if checkpoint else None)
+        keep_explicit(before, self.config[subcommand]["model"], explicit, path, recorded)
+
+    def _allow_other_data(self) -> None:
+        """``--allow_other_data`` reaches the data module (``allow_other_data``)."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand or not self.config[subcommand].get("allow_other_data"):
+            return
+        init = (self.config[subcommand].get("data") or {}).get("init_args")
+        if init is not None and "allow_other_data" in init:
+            init["allow_other_data"] = True
+
+    def _refuse_untrained(self) -> None:
+        """``validate``/``test``/``predict`` need trained weights, or ``--allow_untrained``."""
+        config = self.config[self.subcommand] if self.subcommand else {}
+        if config.get("ckpt_path") is None and not config.get("allow_untrained"):
+            raise SystemExit(
+                f"error: {self.subcommand} without --ckpt_path would run on untrained (randomly "
+                "initialised) weights: pass --ckpt_path last|best|PATH, or --allow_untrained "
+                "to run on them anyway"
+            )
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         from bft_lightning.callbacks.summary import RunSummary
+        from bft_lightning.utils.lightning_errors import is_configuration_error, translate
 
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except (TypeError, ValueError, RuntimeError, Exception) as err:
+            configuration = is_configuration_error(err) or isinstance(err, TypeError)
+            clear = translate(err, self._trainer_config()) if configuration else None
+            if clear is None:
+                raise
+            raise clear from err
         check_world_size(trainer)
         callbacks = trainer.callbacks  # type: ignore[attr-defined]
         if not any(isinstance(c, RunSummary) for c in callbacks):
@@ -119,7 +245,10 @@ class BFTCLI(LightningCLI):
         a warning that counts them). Left alone when the config sets it.
         """
         path, checkpoint = self._ckpt_path(), getattr(self, "_checkpoint", None)
-        vocabulary = ((checkpoint or {}).get("bft_lightning") or {}).get("vocabulary")
+        from bft_lightning.utils.checkpoint_format import read_record
+
+        record = read_record(checkpoint) if checkpoint else None
+        vocabulary = None if record is None else record.vocabulary
         if path is None or not vocabulary:
             return
         init = (self.config[self.config["subcommand"]].get("data") or {}).get("init_args")
@@ -172,14 +301,24 @@ class BFTCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._check_checkpoint()
+        checkpoint, cap = getattr(self, "_checkpoint", None), self.trainer.max_epochs
+        epoch = (checkpoint or {}).get("epoch")
+        if isinstance(epoch, int) and cap not in (None, -1) and epoch > cap:  # as Lightning
+            raise SystemExit(
+                f"error: --trainer.max_epochs={cap}: the checkpoint {self._ckpt_path()} was "
+                f"saved at epoch {epoch}, beyond it; raise --trainer.max_epochs to train on"
+            )
 
     def before_validate(self) -> None:
+        self._refuse_untrained()
         self._check_checkpoint()
 
     def before_test(self) -> None:
+        self._refuse_untrained()
         self._check_checkpoint()
 
     def before_predict(self) -> None:
+        self._refuse_untrained()
         self._check_checkpoint()
         from bft_lightning.serving import RecommendationWriter
 
@@ -188,9 +327,24 @@ class BFTCLI(LightningCLI):
             isinstance(c, RecommendationWriter) for c in callbacks
         ):  # the recommendations go to a file (predictions.csv in the log folder)
             callbacks.append(RecommendationWriter())
+        config = self.config["predict"]
+        for writer in callbacks:
+            if isinstance(writer, RecommendationWriter):
+                writer.overwrite = writer.overwrite or bool(config.get("overwrite"))
+                writer.protect(self._inputs())
+                writer.check(self.trainer)
         config = self.config_init.get("predict", {})
         if hasattr(self.model, "predict_k") and config.get("return_predictions") is None:
             config["return_predictions"] = False  # written by the writer, not kept in memory
+
+    def _inputs(self) -> list[str]:
+        """The files this run reads (checkpoint, config files, data files): never outputs."""
+        files = [a.partition("=")[2] or b for a, b in zip(self._argv, [*self._argv[1:], ""])
+                 if a.partition("=")[0] in ("--config", "-c")]  # fmt: skip
+        files.append(str(self.config[self.subcommand].get("ckpt_path") or ""))
+        from bft_lightning.serving.writer import data_files
+
+        return [f for f in files if f] + data_files(self.datamodule)
 
 
 def _resolve(class_path: str) -> object:
@@ -207,70 +361,6 @@ def _related(a: object, b: object) -> bool:
     if isinstance(a, type) and isinstance(b, type):
         return issubclass(a, b) or issubclass(b, a)
     return a == b
-
-
-def _launch_hint() -> str:
-    local = os.environ.get("LOCAL_WORLD_SIZE", "N")
-    return f"e.g. --trainer.devices={local} --trainer.num_nodes=<nodes> --trainer.strategy=ddp"
-
-
-def check_launch(config) -> None:  # type: ignore[no-untyped-def]
-    """Refuse a launch whose layout disagrees with ``trainer.devices x trainer.num_nodes``.
-
-    - Under ``torchrun`` (``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` set) with
-      ``devices=1`` and the default strategy, each process would silently train
-      its own copy of the model: the world size must equal ``devices x num_nodes``.
-    - Launched by hand on several nodes (``NODE_RANK`` set), ``NODE_RANK`` must
-      be below ``num_nodes``.
-    """
-    trainer = config.get("trainer", {}) or {}
-    devices, nodes = trainer.get("devices", "auto"), int(trainer.get("num_nodes", 1) or 1)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    torchrun = "LOCAL_WORLD_SIZE" in os.environ
-    if torchrun and world > 1 and isinstance(devices, int | str) and str(devices).isdigit():
-        expected = int(devices) * nodes
-        if expected != world:
-            raise SystemExit(
-                f"launcher world size WORLD_SIZE={world} but trainer.devices={devices} x "
-                f"trainer.num_nodes={nodes} = {expected}; set them to match ({_launch_hint()})"
-            )
-    if torchrun or "SLURM_NTASKS" in os.environ:
-        return  # the launcher's own environment wins
-    node_rank = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK"))
-    if node_rank is not None and node_rank.isdigit() and int(node_rank) >= nodes:
-        raise SystemExit(
-            f"NODE_RANK={node_rank} but trainer.num_nodes={nodes}: node ranks run 0..num_nodes-1; "
-            f"set --trainer.num_nodes to the number of nodes on every node"
-        )
-
-
-def check_world_size(trainer: Trainer) -> None:
-    """After the trainer is built: its layout must fit the launcher.
-
-    Under ``torchrun`` its process count must be the launcher's world size; this
-    catches what the config check cannot see (``devices="auto"`` or ``-1``
-    resolving to one device per process, ``strategy="auto"`` picking a
-    single-device strategy): each process would train alone, on all the data.
-    Launched by hand with ``num_nodes > 1``, ``MASTER_ADDR`` must be set (else
-    every node waits for a master on its own localhost).
-    """
-    if "LOCAL_WORLD_SIZE" not in os.environ:
-        if trainer.num_nodes > 1 and "SLURM_NTASKS" not in os.environ:
-            if not os.environ.get("MASTER_ADDR"):
-                raise SystemExit(
-                    f"trainer.num_nodes={trainer.num_nodes} but MASTER_ADDR is not set: set "
-                    "MASTER_ADDR (the address of node 0), MASTER_PORT and NODE_RANK on every node"
-                )
-        return
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    mine = trainer.num_nodes * trainer.num_devices
-    if world > 1 and mine != world:
-        raise SystemExit(
-            f"launcher world size WORLD_SIZE={world} but the trainer runs "
-            f"{trainer.num_nodes} node(s) x {trainer.num_devices} device(s) = {mine} process(es) "
-            f"with {type(trainer.strategy).__name__}; each process would train its own copy. "
-            f"Set them to match ({_launch_hint()})"
-        )
 
 
 class _LeadFormatter(DefaultHelpFormatter):
@@ -311,7 +401,7 @@ def main(
     if argv and argv[0] == "calibrate":
         from bft_lightning.serving.calibrate_cli import main as calibrate
 
-        raise SystemExit(calibrate(argv[1:]))
+        raise SystemExit(calibrate(argv[1:], build_data=build_datamodule))
     per_command = {"exit_on_error": exit_on_error}
     parser_kwargs: dict[str, Any] = {
         "default_env": True, "prog": PROG, "formatter_class": _LeadFormatter,
@@ -326,6 +416,14 @@ def main(
         args=args,
         run=run,
     )
+
+
+def build_datamodule(config: str, overrides: list[str]) -> Any:
+    """The data module a config builds (nothing run, nothing written): what ``calibrate
+    --config`` hands to serving."""
+    cli = main(["--config", config, "--trainer.logger=false",
+                "--trainer.enable_progress_bar=false", *overrides], run=False)  # fmt: skip
+    return cli.datamodule
 
 
 def entry(argv: Sequence[str] | None = None) -> None:
@@ -343,6 +441,8 @@ def entry(argv: Sequence[str] | None = None) -> None:
         quiet_third_party()
 
     def call(rest: list[str]) -> None:
+        if rest and rest[0] in ("recommend", "calibrate") and debug_requested(args)[0]:
+            rest = [*rest, "--debug"]  # they catch their own errors unless told not to
         if argv is None:  # LightningCLI reads sys.argv itself (args= as well would warn)
             sys.argv[1:] = rest
             main(None, exit_on_error=False)

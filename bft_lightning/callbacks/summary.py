@@ -71,10 +71,26 @@ def stop_reason(trainer: Trainer) -> tuple[bool, str]:
         cap, flag = f"max_steps={trainer.max_steps}", "--trainer.max_steps"
     else:
         cap, flag = f"max_epochs={trainer.max_epochs}", "--trainer.max_epochs"
+    if trainer.num_training_batches == 0 or trainer.global_step == 0:
+        limit = getattr(trainer, "limit_train_batches", None)
+        why = (
+            f"before the cap {cap}; raise {flag}" if flag == "--trainer.max_time"
+            else f"max_steps={trainer.max_steps}" if trainer.max_steps == 0
+            else f"limit_train_batches={limit}" if limit in (0, 0.0)
+            else "the training data gave no batch"
+        )  # fmt: skip
+        return False, (
+            f"trained nothing: no training step ran ({why}); the weights are the initial ones"
+        )
     if stopper is None:
         return False, f"stopped at the cap {cap} (no early stopping configured)"
     wait = stopper.wait_count
     when = "at the last validation" if wait == 0 else f"{wait} validation(s) before the end"
+    if not math.isfinite(_float(stopper.best_score)):
+        return False, (
+            f"cut short: stopped at the cap {cap} before any validation gave {stopper.monitor} "
+            f"(early stopping had nothing to compare); raise {flag} or validate more often"
+        )
     return False, (
         f"cut short: stopped at the cap {cap} before early stopping converged ({stopper.monitor} "
         f"last improved {when}, patience {stopper.patience}); raise {flag} "
@@ -154,7 +170,11 @@ class RunSummary(Callback):
 
         print(f"\n{stage} metrics (full ranking):\n{strata_table(results)}", flush=True)
         where = getattr(pl_module, "_report_dir", lambda: None)()
-        if where is not None and (where / "metrics.md").is_file():
+        partial = stage == "test" and getattr(pl_module, "_partial_test", lambda: None)()
+        if partial and where is not None and (where / "metrics_partial.md").is_file():
+            print(f"partial evaluation ({partial}): written to {where}: metrics_partial.md, "
+                  "metrics_partial.json, strata_partial.png", flush=True)  # fmt: skip
+        elif where is not None and (where / "metrics.md").is_file():
             print(f"written to {where}: metrics.md, metrics.json, strata.png", flush=True)
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -132,6 +132,10 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
             file's lines; items it has never seen are dropped and counted (see
             :func:`~.vocabulary.remap_items`). None: items are numbered in order
             of first appearance.
+        allow_other_data: encode the data in a checkpoint's vocabulary even when it
+            is not the data the checkpoint was trained on (another fingerprint with
+            little overlap, or another reader format; ``datamodules.data_match``).
+            Off: that is an error naming both data sets.
         train_noise: share of the training items (every item but each evaluated
             user's validation and test targets) replaced by a uniformly random other
             item, to test robustness to noisy histories; validation and test targets
@@ -163,6 +167,7 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
         shard_users: bool = False,
         train_noise: float = 0.0,
         train_noise_seed: int = 0,
+        allow_other_data: bool = False,
     ) -> None:
         super().__init__()
         for name, value, low in [
@@ -212,6 +217,12 @@ class SequenceDataModule(CheckpointVocabulary, L.LightningDataModule):
             seed=synthetic_seed,
         )
         self.item_vocabulary = item_vocabulary
+        if not isinstance(allow_other_data, bool):
+            raise ValueError(
+                f"SequenceDataModule: allow_other_data must be true or false, got "
+                f"{allow_other_data!r}"
+            )
+        self.allow_other_data = allow_other_data
         self.shard_users = bool(shard_users)
         self._built_for: tuple[int, int] | None = None  # the shard the datasets were built for
         self._data: SequenceData | None = None

@@ -25,9 +25,6 @@ from .splits import SequenceData
 __all__ = ["Remap", "VOCABULARY_KEYS", "read_vocabulary", "remap_items"]
 
 VOCABULARY_KEYS = ("item_ids", "user_ids", "item_frequency", "max_len", "format", "fingerprint")
-_CHECKPOINT_KEY = (
-    "bft_lightning"  # tasks.recommendation.CHECKPOINT_KEY (data must not import tasks)
-)
 
 
 @dataclass(frozen=True)
@@ -108,8 +105,8 @@ def read_vocabulary(path: str | Path) -> dict[str, Any] | None:
     Loaded with ``weights_only=True``; a missing or unreadable file raises
     naming it.
     """
-    from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
+    from bft_lightning.utils.checkpoint_format import load_record
 
-    checkpoint = safe_load_checkpoint(path)
-    vocabulary = (checkpoint.get(_CHECKPOINT_KEY) or {}).get("vocabulary")
+    _, record = load_record(path)
+    vocabulary = None if record is None else record.vocabulary
     return vocabulary if isinstance(vocabulary, dict) else None

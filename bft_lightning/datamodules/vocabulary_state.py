@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from .cache import file_sha256, source_files
+from .data_match import OtherDataError, check_data_match
 from .splits import LeaveOneOut, SequenceData, check_enough, leave_one_out
 from .vocabulary import read_vocabulary, remap_items
 
@@ -36,6 +37,7 @@ class CheckpointVocabulary:
     _split: LeaveOneOut | None
     _datasets: dict[str, Any]
     _fingerprint: dict[str, Any] | None
+    allow_other_data: bool
 
     if TYPE_CHECKING:
 
@@ -61,16 +63,26 @@ class CheckpointVocabulary:
         self, data: SequenceData, vocabulary: dict[str, Any], source: str
     ) -> SequenceData:
         item_ids = [str(i) for i in vocabulary["item_ids"]]
+        allow = bool(getattr(self, "allow_other_data", False))
+        counts = leave_one_out(data).item_frequency  # counted as the checkpoint's
+        match = check_data_match(vocabulary, [str(i) for i in data.item_ids], counts,
+                                 self.fingerprint(), self.data_format(), source,
+                                 self._describe(), allow)  # fmt: skip
         if [str(i) for i in data.item_ids] == item_ids:
             return data
         remapped, report = remap_items(data, item_ids)
+        if not len(remapped.items):
+            raise OtherDataError(
+                f"{source}: the data's item ids do not match the checkpoint's: none of the item "
+                f"ids of {self._describe()} is known to it"
+            )
         if report.unknown_items:
             rank_zero_warn(report.message(f"{self._describe()} against {source}"))
-        saved = (vocabulary.get("fingerprint") or {}).get("files")
-        if saved and saved != self.fingerprint().get("files"):
+        if match is not None:
             rank_zero_info(
-                f"SequenceDataModule: {self._describe()} is not the file {source} was trained "
-                "on (another digest); its item ids are mapped through the checkpoint's vocabulary"
+                f"SequenceDataModule: {self._describe()} is not the data {source} was trained "
+                f"on (another fingerprint; {match.describe()}); its item ids are mapped "
+                "through the checkpoint's vocabulary"
             )
         return remapped
 
@@ -100,6 +112,17 @@ class CheckpointVocabulary:
                                      "kcore": self.kcore}  # fmt: skip
         return dict(self._fingerprint)
 
+    def data_format(self) -> str | None:
+        """The reader format of the data (``"synthetic"`` for generated data)."""
+        if self.path is None and self.dataset == "synthetic":
+            return "synthetic"
+        fmt = self._source()[1]
+        if fmt is None:
+            from .readers import sniff_format
+
+            fmt = sniff_format(self._source()[0])
+        return fmt
+
     def vocabulary_state(self) -> dict[str, Any]:
         """What a checkpoint stores about its data (plain lists: ``weights_only`` loads it).
 
@@ -108,14 +131,7 @@ class CheckpointVocabulary:
         and ``fingerprint`` (file digests, counts).
         """
         data, split = self._ensure()
-        if self.path is None and self.dataset == "synthetic":
-            fmt: str | None = "synthetic"
-        else:
-            fmt = self._source()[1]
-            if fmt is None:
-                from .readers import sniff_format
-
-                fmt = sniff_format(self._source()[0])
+        fmt = self.data_format()
         counts = {"users": data.num_users, "items": data.num_items,
                   "interactions": int(len(data.items))}  # fmt: skip
         return {

@@ -174,17 +174,30 @@ def _strata_figure(metrics: dict[str, float], title: str):
 
 
 # ----------------------------------------------------------------------------- entry point
-def write_report(metrics: dict[str, float], out_dir: str | os.PathLike, title: str) -> dict:
+def write_report(
+    metrics: dict[str, float], out_dir: str | os.PathLike, title: str, partial: str | None = None
+) -> dict:
     """Write ``metrics.json``, ``metrics.md`` and ``strata.png`` to ``out_dir``.
+
+    ``partial`` (e.g. ``"12 of 40 test batches"``): the evaluation did not see
+    every user; the files are ``metrics_partial.*`` / ``strata_partial.png``,
+    say so at the top, and never replace a full evaluation's files.
 
     Returns ``{"json": Path, "md": Path, "png": Path}``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "metrics.json", "md": out / "metrics.md", "png": out / "strata.png"}
-    payload = json.dumps(_json_safe(metrics), indent=2, sort_keys=True, allow_nan=False)
+    tag = "_partial" if partial else ""
+    paths = {"json": out / f"metrics{tag}.json", "md": out / f"metrics{tag}.md",
+             "png": out / f"strata{tag}.png"}  # fmt: skip
+    shown = _json_safe(metrics) | ({"partial": partial} if partial else {})
+    payload = json.dumps(shown, indent=2, sort_keys=True, allow_nan=False)
     _atomic_write(paths["json"], lambda f: f.write(payload.encode()))
-    md = f"# {title}\n\n{strata_table(metrics)}"
+    note = (
+        f"**Partial evaluation: {partial}.** Not every user was evaluated; a full "
+        "evaluation writes metrics.md.\n\n" if partial else ""
+    )  # fmt: skip
+    md = f"# {title}\n\n{note}{strata_table(metrics)}"
     _atomic_write(paths["md"], lambda f: f.write(md.encode()))
     fig = _strata_figure(metrics, title)
     _atomic_write(paths["png"], lambda f: fig.savefig(f, format="png", dpi=100))

@@ -13,20 +13,25 @@ first k)`` (``docs/confidence.md``), and writes it into the checkpoint
   lines or CSV); each history's last item is its target, the items before it
   the history. Histories with fewer than 2 items are left out and counted.
 
-Bad input stops with one ``error:`` line and exit status 2.
+Bad input stops with one ``error:`` line and exit status 2. Serving never
+builds a LightningCLI: for ``--config`` the command line builds the data
+module and hands it in (``main(argv, build_data=...)``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .cli import InputError, read_histories
-from .recommender import CHECKPOINT_KEY, Recommender
+from .recommender import Recommender
 
-__all__ = ["main", "parser"]
+BuildData = Callable[[str, list[str]], Any]  # (config, overrides) -> a data module
+
+__all__ = ["main", "parser", "run", "validation_users"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,24 +47,58 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="write a calibrated copy (default: in place)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--input-format", choices=("jsonl", "csv"), default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument(
+        "--allow-other-data",
+        "--allow_other_data",
+        dest="allow_other_data",
+        action="store_true",
+        help="calibrate on data that is not the checkpoint's training data",
+    )
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``calibrate``; returns the exit status (2 on bad input)."""
-    opts, extra = parser().parse_known_args(argv)
+def main(argv: list[str] | None = None, build_data: BuildData | None = None) -> int:
+    """Run ``calibrate``; returns the exit status (2 on bad input).
+
+    ``build_data(config, overrides)`` builds the data module of ``--config``
+    (the command line passes its own builder; serving does not import it).
+    """
+    from bft_lightning.utils.errors import debug_requested
+
+    debug, rest = debug_requested(list(sys.argv[1:] if argv is None else argv))
+    opts, extra = parser().parse_known_args(rest)
     if extra and not opts.config:
         parser().error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        summary = run(opts, extra)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        summary = run(opts, extra, build_data)
+    except (InputError, ValueError) as err:
+        if debug:
+            raise
+        print(f"error: {str(err).removeprefix('error: ')}", file=sys.stderr)
         return 2
     print(summary, file=sys.stderr)
     return 0
 
 
-def run(opts: argparse.Namespace, extra: list[str] | None = None) -> str:
+def run(
+    opts: argparse.Namespace, extra: list[str] | None = None, build_data: BuildData | None = None
+) -> str:
+    from bft_lightning.utils.devices import check_device
+    from bft_lightning.utils.outputs import check_output
+
+    replaced = False
+    if opts.output is not None:
+        replaced = check_output(
+            opts.output, [opts.ckpt_path, opts.config, opts.input], opts.overwrite
+        )
+    if opts.config and not Path(opts.config).is_file():
+        what = "is a directory" if Path(opts.config).is_dir() else "file not found"
+        raise InputError(f"--config {opts.config}: {what}")
+    if opts.config and build_data is None:
+        raise InputError("--config needs the command line: python -m bft_lightning calibrate")
+    check_device(opts.device, "--device")
     try:
         rec = Recommender.from_checkpoint(opts.ckpt_path, device=opts.device)
     except (ValueError, FileNotFoundError) as err:
@@ -72,7 +111,9 @@ def run(opts: argparse.Namespace, extra: list[str] | None = None) -> str:
         raise InputError(f"--k {opts.k}: {err}") from None
     try:
         if opts.config:
-            rows, targets, times = _validation_users(opts.config, opts.ckpt_path, extra or [])
+            assert build_data is not None
+            dm = build_data(opts.config, extra or [])
+            rows, targets, times = validation_users(dm, opts.ckpt_path, opts.allow_other_data)
             report = rec.calibrate_encoded(rows, targets, k, times=times)
         else:
             histories, targets_raw, stamps, short = [], [], [], 0
@@ -83,6 +124,7 @@ def run(opts: argparse.Namespace, extra: list[str] | None = None) -> str:
                 histories.append(h.items[:-1])
                 targets_raw.append(h.items[-1])
                 stamps.append(None if h.times is None else h.times[:-1])
+            _check_known(rec, opts.input, histories, targets_raw, opts.allow_other_data)
             timed = any(t is not None for t in stamps)
             report = rec.calibrate(histories, targets_raw, k, times=stamps if timed else None)
             report["left_out"] += short
@@ -91,31 +133,46 @@ def run(opts: argparse.Namespace, extra: list[str] | None = None) -> str:
     out = rec.save_calibration(opts.ckpt_path, opts.output)
     cal = rec.calibration
     assert cal is not None
+    where = f"{out} (replaced the existing file: --overwrite)" if replaced else f"{out}"
     return (
         f"calibrate: P(hit@{k}) fit on {report['users']} users ({report['left_out']} left out), "
         f"hit rate {report['hit_rate']:.4f}, AUROC {report['auroc']:.4f} (in-sample), features "
-        f"{', '.join(cal.features)}; written to {out}"
+        f"{', '.join(cal.features)}; written to {where}"
     )
 
 
-def _validation_users(
-    config: str, ckpt_path: str, overrides: list[str]
-) -> tuple[list[list[int]], list[int], list[list[int]] | None]:
-    """The validation users' histories, targets (the checkpoint's item indices) and
-    timestamps (None when the data has none)."""
-    from bft_lightning.cli import main as cli_main
-    from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
+def _check_known(
+    rec: Recommender, source: str, histories: list[list[str]], targets: list[str], allow: bool
+) -> None:
+    """Refuse held-out histories whose item ids the checkpoint mostly does not know."""
+    from bft_lightning.datamodules.data_match import MIN_OVERLAP
 
-    if not Path(config).is_file():
-        raise InputError(f"--config {config}: file not found")
-    cli: Any = cli_main(["--config", config, "--trainer.logger=false",
-                         "--trainer.enable_progress_bar=false", *overrides],
-                        run=False)  # fmt: skip
-    dm = cli.datamodule
-    vocabulary = (safe_load_checkpoint(ckpt_path).get(CHECKPOINT_KEY) or {}).get("vocabulary")
+    ids = [i for h in histories for i in h] + list(targets)
+    known = sum(str(i).strip() in rec.index for i in ids)
+    share = known / len(ids) if ids else 1.0
+    if share < MIN_OVERLAP and not allow:
+        what = "none" if known == 0 else f"only {share:.0%}"
+        raise InputError(
+            f"{source}: the data's item ids do not match the checkpoint's: {what} of its "
+            f"{len(ids)} item ids are known to the checkpoint ({rec.num_items} items); "
+            "pass --allow-other-data if this is meant"
+        )
+
+
+def validation_users(
+    dm: Any, ckpt_path: str, allow_other_data: bool = False
+) -> tuple[list[list[int]], list[int], list[list[int]] | None]:
+    """The validation users of data module ``dm`` encoded in ``ckpt_path``'s vocabulary:
+    histories, targets (the checkpoint's item indices) and timestamps (None when the
+    data has none). Other data than the checkpoint's is refused unless allowed."""
+    from bft_lightning.datamodules.vocabulary import read_vocabulary
+
+    vocabulary = read_vocabulary(ckpt_path)
     use = getattr(dm, "use_vocabulary", None)
-    if not callable(use):
-        raise InputError(f"--config {config}: its data module has no item vocabulary to map")
+    if not callable(use) or vocabulary is None:
+        raise InputError(f"--config: its data module has no item vocabulary to map ({ckpt_path})")
+    if allow_other_data and hasattr(dm, "allow_other_data"):
+        dm.allow_other_data = True
     use(vocabulary, ckpt_path)
     dm.setup("validate")
     rows: list[list[int]] = []

@@ -64,19 +64,21 @@ def _id(value: object, path: Path, line: int, field: str) -> str:
     return text
 
 
-def _text_lines(fh: IO[str], path: Path) -> Iterator[tuple[int, str]]:
-    line = 0
-    try:
-        for line, text in enumerate(fh, start=1):
-            yield line, text
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path}:{line + 1}: not UTF-8 text ({err.reason})") from None
+def _text_lines(fh: IO[bytes], path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a file opened in binary, decoded line by line, so that an
+    undecodable byte is reported on its own line (a text-mode reader decodes in chunks)."""
+    for line, raw in enumerate(fh, start=1):
+        try:
+            yield line, raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path}:{line}: not UTF-8 text ({err.reason})") from None
 
 
 def read_jsonl(path: str | Path) -> Iterator[History]:
     """Histories from JSON lines, lazily; blank lines are skipped."""
     path = Path(path)
-    with open(path, encoding="utf-8") as fh:
+    seen: dict[str, int] = {}  # user -> its line (a user is one history, as in CSV)
+    with open(path, "rb") as fh:
         for line, text in _text_lines(fh, path):
             if not text.strip():
                 continue
@@ -95,6 +97,12 @@ def read_jsonl(path: str | Path) -> Iterator[History]:
                     f"{path}:{line}: field 'items': expected a list of item ids, got {items!r}"
                 )
             user = _id(row["user"], path, line, "field 'user'")
+            if user in seen:
+                raise InputError(
+                    f"{path}:{line}: user {user!r} already has a history on line {seen[user]}: "
+                    "one line per user (merge the lines)"
+                )
+            seen[user] = line
             ids = [_id(v, path, line, f"field 'items'[{j}]") for j, v in enumerate(items)]
             yield History(user, ids, line, _json_times(row.get("times"), len(ids), path, line))
 
@@ -165,7 +173,7 @@ def read_csv(path: str | Path) -> Iterator[History]:
     are kept, to detect that.
     """
     path = Path(path)
-    with open(path, encoding="utf-8", newline="") as fh:
+    with open(path, "rb") as fh:
         reader = csv.reader(line for _, line in _text_lines(fh, path))
         columns: dict[str, int] | None = None
         width: int | None = None
@@ -235,6 +243,8 @@ def read_histories(path: str | Path, fmt: str | None = None) -> Iterator[History
             f"{path}: cannot tell the input format from the suffix; name it .jsonl or .csv "
             "(or pass --input-format)"
         )
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not an input file")
     if not path.is_file():
         raise InputError(f"{path}: input file not found")
     return read_jsonl(path) if fmt == "jsonl" else read_csv(path)
@@ -264,16 +274,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-format", choices=("jsonl", "csv"), default=None)
     p.add_argument("--output-format", choices=("csv", "jsonl"), default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``recommend``; returns the exit status (2 on bad input, with one ``error:`` line)."""
-    opts = parser().parse_args(argv)
+    """Run ``recommend``; returns the exit status (2 on bad input, with one ``error:`` line).
+
+    ``--debug`` (or ``BFT_DEBUG=1``) lets the error's traceback through."""
+    from bft_lightning.utils.errors import debug_requested
+
+    debug, rest = debug_requested(list(sys.argv[1:] if argv is None else argv))
+    opts = parser().parse_args(rest)
     try:
         summary = run(opts)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (InputError, ValueError) as err:
+        if debug:
+            raise
+        print(f"error: {str(err).removeprefix('error: ')}", file=sys.stderr)
         return 2
     print(summary, file=sys.stderr)
     return 0
@@ -283,10 +302,17 @@ def run(opts: argparse.Namespace) -> str:
     """Read, rank, write; raises ``InputError`` on anything the user must fix."""
     if opts.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {opts.batch_size}")
+    from bft_lightning.utils.devices import check_device
+    from bft_lightning.utils.outputs import check_output
+
     try:
         output_format(opts.output, opts.output_format)
     except ValueError as err:
         raise InputError(f"--output {err}") from None
+    opts.overwrite_existing = check_output(
+        opts.output, [opts.input, opts.ckpt_path], opts.overwrite
+    )
+    check_device(opts.device, "--device")
     histories = read_histories(opts.input, opts.input_format)
     try:
         rec = Recommender.from_checkpoint(opts.ckpt_path, device=opts.device)
@@ -339,7 +365,9 @@ def _write(rec: Recommender, histories: Iterator[History], k: int, opts: argpars
         raise
     finally:
         bar.close()
+    replaced = " (replaced the existing file: --overwrite)" if opts.overwrite_existing else ""
     return (
-        f"recommend: {users} users, {rows.rows} rows written to {path}; {unknown} unknown item "
-        f"ids skipped in {unknown_users} histories; {cold} cold users (empty history: popularity)"
+        f"recommend: {users} users, {rows.rows} rows written to {path}{replaced}; {unknown} "
+        f"unknown item ids skipped in {unknown_users} histories; {cold} cold users (empty "
+        "history: popularity)"
     )

@@ -9,8 +9,8 @@ from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.nn.stats import set_recording
 from bft_lightning.retrieval import TopK, topk
 
-from .calibration import ConfidenceCalibration, confidence_features
 from .confidence import recommendation_confidence
+from .hit_calibration import ConfidenceCalibration, confidence_features
 
 __all__ = ["list_features", "rank_next"]
 

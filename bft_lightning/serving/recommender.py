@@ -25,15 +25,16 @@ import torch
 from torch import Tensor
 
 from bft_lightning.models.base import SequentialRecommender
+from bft_lightning.utils.checkpoint_format import load_record, read_record, save_checkpoint
 from bft_lightning.utils.checkpoint_io import CheckpointLoadError, safe_load_checkpoint
+from bft_lightning.utils.checks import check_bool, check_int
+from bft_lightning.utils.devices import check_device
 
-from .calibration import ConfidenceCalibration, feature_names, fit_calibration
 from .histories import EncodedHistory, check_times, left_pad, pad_times
+from .hit_calibration import ConfidenceCalibration, feature_names, fit_calibration
 from .inference import list_features, rank_next
 
 __all__ = ["EncodedHistory", "Recommendation", "Recommender", "UnknownItemsError"]
-
-CHECKPOINT_KEY = "bft_lightning"  # = tasks.recommendation.CHECKPOINT_KEY
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class Recommender:
                 f"item_ids must hold num_items + 1 = {model.num_items + 1} ids with item_ids[0] "
                 f"== '' (padding), got {len(item_ids)}"
             )
-        self.device = torch.device(device)
+        self.device = check_device(device, "device")
         self.model = model.to(self.device).eval()
         self.item_ids = np.array([str(i) for i in item_ids], dtype=object)
         self.index = {raw: i for i, raw in enumerate(self.item_ids) if i > 0}
@@ -134,28 +135,28 @@ class Recommender:
         vocabulary (saved before checkpoints stored one: raw ids cannot be
         mapped) or does not record how to build its backbone.
         """
-        checkpoint = safe_load_checkpoint(path)
-        info = checkpoint.get(CHECKPOINT_KEY)
-        if not isinstance(info, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        device = check_device(device, "device")
+        checkpoint, info = load_record(path)
+        if info is None or not isinstance(checkpoint.get("state_dict"), dict):
             raise CheckpointLoadError(f"{path}: not a checkpoint of SequentialRecommendation")
-        vocabulary = info.get("vocabulary")
+        vocabulary = info.vocabulary
         if not isinstance(vocabulary, dict) or "item_ids" not in vocabulary:
             raise CheckpointLoadError(
                 f"{path}: the checkpoint holds no item vocabulary (saved before checkpoints "
                 "stored one): raw item ids cannot be mapped to the model's indices; train it "
                 "again (or fit one more epoch from it) to write a checkpoint that has one"
             )
-        spec = info.get("backbone_init")
+        spec = info.backbone_init
         if not isinstance(spec, dict):
             raise CheckpointLoadError(
                 f"{path}: the checkpoint does not record how to build its backbone "
-                f"({info.get('backbone')}): it was built by a factory that is neither a class "
+                f"({info.backbone}): it was built by a factory that is neither a class "
                 "nor a functools.partial of one"
             )
         hparams = checkpoint.get("hyper_parameters") or {}
-        max_len = int(info.get("max_len") or hparams.get("max_len") or vocabulary["max_len"])
+        max_len = int(info.max_len or hparams.get("max_len") or vocabulary["max_len"])
         model = _import(spec["class_path"])(
-            int(info["num_items"]), max_len, **dict(spec.get("init_args") or {})
+            int(info.num_items or 0), max_len, **dict(spec.get("init_args") or {})
         )
         state = {
             name[len("model.") :]: tensor
@@ -167,10 +168,10 @@ class Recommender:
         except RuntimeError as err:
             first = str(err).strip().splitlines()[0]
             raise CheckpointLoadError(f"{path}: weights do not fit the backbone: {first}") from None
-        calibration = info.get("confidence")
-        if calibration is not None:
-            calibration = ConfidenceCalibration.from_dict(calibration, str(path))
-        timed = info.get("timestamps")
+        calibration = None
+        if info.calibration is not None:
+            calibration = ConfidenceCalibration.from_dict(info.calibration, str(path))
+        timed = info.timestamps
         return cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device,
                    calibration, None if timed is None else bool(timed))  # fmt: skip
 
@@ -308,10 +309,10 @@ class Recommender:
         gradients, on the recommender's device.
         """
         k = self.check_k(k)
+        exclude_seen = check_bool(exclude_seen, "exclude_seen")
         if isinstance(histories, str | bytes) or not isinstance(histories, Sequence):
             raise ValueError("histories must be a list of histories (lists of item ids)")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = check_int(batch_size, "batch_size", 1)
         if times is not None and len(times) != len(histories):
             raise ValueError(f"{len(times)} lists of times for {len(histories)} histories")
         out: list[Recommendation] = []
@@ -459,16 +460,14 @@ class Recommender:
         """
         if self.calibration is None:
             raise ValueError("no calibration to save: call calibrate() first")
-        from bft_lightning.utils.checkpoint_io import atomic_torch_save, content_digest
+        from bft_lightning.utils.checkpoint_format import write_record
 
         state = safe_load_checkpoint(checkpoint)
-        info = state.get(CHECKPOINT_KEY)
-        if not isinstance(info, dict):
+        info = read_record(state)
+        if info is None:
             raise CheckpointLoadError(f"{checkpoint}: not a checkpoint of SequentialRecommendation")
-        info["confidence"] = self.calibration.to_dict()
-        target = Path(output) if output is not None else Path(checkpoint)
-        atomic_torch_save(state, target, digest=content_digest(state))
-        return target
+        write_record(state, info.with_calibration(self.calibration.to_dict()))
+        return save_checkpoint(state, Path(output) if output is not None else Path(checkpoint))
 
     def _cold(self, k: int) -> Recommendation:
         scores, ids = torch.topk(self._prior, k)

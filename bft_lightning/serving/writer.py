@@ -12,6 +12,11 @@ Each user's recommendation follows the full history (test item included):
 what a product would show next. Rows ``(user, rank, item, score,
 confidence)`` with raw ids, written batch by batch to a temporary file that
 is renamed at the end (never half-written).
+
+The path is checked before anything runs (:func:`bft_lightning.utils.outputs.check_output`):
+never one of the run's inputs (checkpoint, config, data), never a directory or
+a missing or read-only folder, and an existing file only with ``overwrite``
+(``predict --overwrite``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,24 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from .rows import RowWriter
 
-__all__ = ["RecommendationWriter"]
+__all__ = ["RecommendationWriter", "data_files"]
+
+
+def data_files(datamodule: object) -> list[str]:
+    """The files a data module reads (none for generated data)."""
+    source = getattr(datamodule, "_source", None)
+    if (
+        not callable(source)
+        or getattr(datamodule, "path", None) is None
+        and (getattr(datamodule, "dataset", None) == "synthetic")
+    ):
+        return []
+    from bft_lightning.datamodules.cache import source_files
+
+    try:
+        return [str(f) for f in source_files(source()[0])]
+    except (ValueError, OSError):
+        return []
 
 
 class RecommendationWriter(BasePredictionWriter):
@@ -38,13 +60,26 @@ class RecommendationWriter(BasePredictionWriter):
         k: items per user, 1..num_items.
         exclude_seen: never recommend an item of the model's input window (the
             user's last ``max_len`` items).
+        overwrite: replace an existing output file (never one of the run's inputs).
     """
 
-    def __init__(self, output: str | None = None, k: int = 10, exclude_seen: bool = False) -> None:
+    def __init__(
+        self,
+        output: str | None = None,
+        k: int = 10,
+        exclude_seen: bool = False,
+        overwrite: bool = False,
+    ) -> None:
         super().__init__(write_interval="batch")
+        from bft_lightning.utils.checks import check_bool
+
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"RecommendationWriter: k must be an integer >= 1, got {k!r}")
-        self.output, self.k, self.exclude_seen = output, k, exclude_seen
+        self.exclude_seen = check_bool(exclude_seen, "RecommendationWriter: exclude_seen")
+        self.overwrite = check_bool(overwrite, "RecommendationWriter: overwrite")
+        self.output, self.k = output, k
+        self._inputs: list[str] = []
+        self._replaces = False
         self._rows: RowWriter | None = None
         self._user_ids: Any = None
         self._item_ids: Any = None
@@ -58,7 +93,24 @@ class RecommendationWriter(BasePredictionWriter):
             path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
         return path
 
+    def protect(self, inputs: list[str]) -> None:
+        """Files the run reads: the output may never be one of them."""
+        self._inputs = [*self._inputs, *inputs]
+
+    def check(self, trainer: L.Trainer) -> None:
+        """Refuse an unsafe output path before anything runs (``check_output``)."""
+        from bft_lightning.utils.outputs import check_output
+
+        path = self.path(trainer)
+        if self.output is None:  # the run's own folder, made for it
+            path.parent.mkdir(parents=True, exist_ok=True)
+        inputs = [*self._inputs, str(trainer.ckpt_path or "")]
+        inputs += data_files(getattr(trainer, "datamodule", None))
+        what = "--trainer.callbacks.output" if self.output is not None else "predict output"
+        self._replaces = check_output(path, [i for i in inputs if i], self.overwrite, what)
+
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer)
         num_items = getattr(pl_module, "num_items", None)
         if not hasattr(pl_module, "predict_k") or num_items is None:
             raise ValueError(
@@ -95,7 +147,10 @@ class RecommendationWriter(BasePredictionWriter):
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._rows is not None:
             path = self._rows.commit()
-            rank_zero_info(f"RecommendationWriter: wrote {self._rows.rows} rows to {path}")
+            replaced = " (replaced the existing file: --overwrite)" if self._replaces else ""
+            rank_zero_info(
+                f"RecommendationWriter: wrote {self._rows.rows} rows to {path}{replaced}"
+            )
             self._rows = None
 
     def on_exception(

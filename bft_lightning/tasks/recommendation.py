@@ -3,7 +3,7 @@
 A training step encodes the batch and hands the states to the configured loss
 (``bft_lightning.losses``: negative sampling lives there); evaluation ranks
 every item (``bft_lightning.retrieval``) into a ``RankingMetric``. What a
-checkpoint records and how it is checked is ``tasks/checkpoint.py``; the DDP
+checkpoint records and how it is checked is ``tasks/checkpoint_checks.py``; the DDP
 rescaling of the loss ``tasks/ddp.py``.
 
 The backbone is injected as a callable ``(num_items, max_len) -> model``, so
@@ -29,9 +29,16 @@ from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.models.sasrec import SASRec
 from bft_lightning.nn.stats import last_position_gain, set_recording
 from bft_lightning.retrieval import ranks_both_ways
-from bft_lightning.tasks import checkpoint as ckpt
-from bft_lightning.tasks.checkpoint import CHECKPOINT_KEY, qualname
+from bft_lightning.tasks import checkpoint_checks as ckpt
+from bft_lightning.tasks.checkpoint_checks import qualname
 from bft_lightning.tasks.ddp import global_mean
+from bft_lightning.utils.checkpoint_format import (
+    CHECKPOINT_KEY,
+    CheckpointRecord,
+    read_record,
+    seal_checkpoints,
+    write_record,
+)
 from bft_lightning.utils.optim import configure_adamw
 
 __all__ = ["CHECKPOINT_KEY", "SequentialRecommendation", "backbone_spec", "trim_left_padding"]
@@ -96,7 +103,7 @@ def compiled_encode(encode: Callable[..., Any]) -> Callable[..., Any]:
 
 def backbone_spec(backbone: object, built: type) -> dict[str, Any] | None:
     """``{"class_path", "init_args"}`` that rebuild ``backbone(num_items, max_len)``
-    (``bft_lightning.tasks.checkpoint.backbone_spec``), the default factory included."""
+    (``bft_lightning.tasks.checkpoint_checks.backbone_spec``), the default factory included."""
     return ckpt.backbone_spec(backbone, built, default=_default_backbone)
 
 
@@ -215,6 +222,8 @@ class SequentialRecommendation(L.LightningModule):
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self._trainer is not None:
+            seal_checkpoints(self.trainer)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         data_items = getattr(dm, "num_items", None)
         if isinstance(data_items, int) and data_items != self.num_items:
@@ -309,7 +318,21 @@ class SequentialRecommendation(L.LightningModule):
         out = self._report_dir()
         if out is not None and self.trainer.is_global_zero:
             title = f"{type(self.model).__name__} precision={self.model.precision}"
-            write_report(self.test_results, out, title)
+            write_report(self.test_results, out, title, partial=self._partial_test())
+
+    def _partial_test(self) -> str | None:
+        """``"k of n test batches"`` when the test saw only part of the users, else None."""
+        trainer = self.trainer
+        done = sum(int(n) for n in trainer.num_test_batches)
+        loaders = trainer.test_dataloaders
+        loaders = loaders if isinstance(loaders, list | tuple) else [loaders]
+        try:
+            full = sum(len(dl) for dl in loaders if dl is not None)
+        except TypeError:
+            return None
+        if getattr(trainer, "fast_dev_run", False) or done < full:
+            return f"{done} of {full} test batches (limit_test_batches / fast_dev_run)"
+        return None
 
     def _log_metrics(self, split: str, metrics: dict[str, float]) -> None:
         scalars = {f"{split}/{k}": v for k, v in metrics.items() if math.isfinite(v)}
@@ -337,25 +360,22 @@ class SequentialRecommendation(L.LightningModule):
         (``SequenceDataModule.repeat_rate``); recommendations exclude seen items by
         default when it is low.
         """
-        info: dict[str, Any] = {
-            "task": qualname(type(self)),
-            "backbone": qualname(type(self.model)),
-            "num_items": self.num_items,
-            "max_len": int(self.hparams.get("max_len", self.model.max_len)),
-        }
-        if getattr(self, "backbone_spec", None) is not None:
-            info["backbone_init"] = self.backbone_spec
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         state = getattr(dm, "vocabulary_state", None)
-        if callable(state):
-            info["vocabulary"] = state()
-        rate = getattr(dm, "repeat_rate", None)
-        if isinstance(rate, float):  # picks the exclude_seen default of recommendations
-            info["repeat_rate"] = rate
         timed = getattr(dm, "has_time", None)
-        if isinstance(timed, bool):  # trained with timestamps (HSTU's time bias reads them)
-            info["timestamps"] = timed
-        checkpoint[CHECKPOINT_KEY] = info
+        rate = getattr(dm, "repeat_rate", None)
+        record = CheckpointRecord(
+            task=qualname(type(self)),
+            backbone=qualname(type(self.model)),
+            num_items=self.num_items,
+            max_len=int(self.hparams.get("max_len", self.model.max_len)),
+            backbone_init=getattr(self, "backbone_spec", None),
+            vocabulary=state() if callable(state) else None,
+            # trained with timestamps (HSTU's time bias reads them)
+            timestamps=timed if isinstance(timed, bool) else None,
+            repeat_rate=float(rate) if isinstance(rate, int | float) else None,
+        )
+        write_record(checkpoint, record)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         source = self.trainer.ckpt_path if self._trainer is not None else None
@@ -365,9 +385,10 @@ class SequentialRecommendation(L.LightningModule):
         ckpt.check_timestamps(dm, checkpoint, self.model, str(source or "checkpoint"))
         # a calibrated confidence (python -m bft_lightning calibrate) is used by predict;
         # it is not saved again: new weights need a new calibration
-        calibration = (checkpoint.get(CHECKPOINT_KEY) or {}).get("confidence")
+        record = read_record(checkpoint)
+        calibration = None if record is None else record.calibration
         if calibration is not None:
-            from bft_lightning.serving.calibration import ConfidenceCalibration
+            from bft_lightning.serving.hit_calibration import ConfidenceCalibration
 
             self.confidence_calibration = ConfidenceCalibration.from_dict(
                 calibration, str(source or "checkpoint")
@@ -381,7 +402,7 @@ class SequentialRecommendation(L.LightningModule):
     # -- prediction ---------------------------------------------------------------------
     predict_k: int = 10  # set by RecommendationWriter
     predict_exclude_seen: bool = False
-    confidence_calibration: Any = None  # a serving.calibration.ConfidenceCalibration
+    confidence_calibration: Any = None  # a serving.hit_calibration.ConfidenceCalibration
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """The top ``predict_k`` items after each row's history (``predict_dataloader``).
@@ -415,7 +436,7 @@ class SequentialRecommendation(L.LightningModule):
         backbone class it was saved from (the same, a subclass or a base); its
         ``num_items`` against this model's (which the data sets); the parameter
         names (unless ``strict_loading`` is off) and shapes; finite values in
-        every floating-point tensor (``bft_lightning.tasks.checkpoint``).
+        every floating-point tensor (``bft_lightning.tasks.checkpoint_checks``).
         """
         ckpt.check_checkpoint(checkpoint, self.model, self.state_dict(), self.num_items,
                               self.strict_loading, source)  # fmt: skip

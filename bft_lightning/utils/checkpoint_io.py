@@ -19,9 +19,16 @@ key order) as one more record of the file's zip archive (``<archive>/bft_lightni
 written in the same atomic write; ``torch.load`` ignores it.
 :func:`safe_load_checkpoint` recomputes it and refuses a file whose content
 changed after it was written (a flipped bit in a weight loads without any error
-from ``torch.load``). A checkpoint without the record (Lightning's own writer,
-an older file, or one loaded, edited and saved again with ``torch.save``) loads
-as before.
+from ``torch.load``).
+
+The check fails closed. The writer also marks the checkpoint's format record
+as ``sealed`` (:mod:`bft_lightning.utils.checkpoint_format`): a sealed
+checkpoint whose digest record is missing, unreadable or damaged (e.g. a
+changed byte that breaks the record's zip CRC) is refused, naming the file, and
+so is any file whose digest record exists but cannot be read. Only a
+checkpoint that was never sealed (from before digests existed, or written by
+Lightning's own writer) loads without one, with a warning that its content
+cannot be verified.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -43,6 +51,7 @@ __all__ = [
     "CheckpointLoadError",
     "atomic_torch_save",
     "content_digest",
+    "digest_record",
     "safe_load_checkpoint",
     "stored_digest",
 ]
@@ -130,20 +139,54 @@ def content_digest(checkpoint: Any) -> str:
 
 
 def stored_digest(path: str | os.PathLike) -> str | None:
-    """The digest record of a checkpoint file, or None (none written, or not a zip)."""
+    """The digest record of a checkpoint file, or None (none written, unreadable, not a zip)."""
+    state, value = digest_record(path)
+    return value if state == "ok" else None
+
+
+def digest_record(path: str | os.PathLike) -> tuple[str, str | None]:
+    """``("ok", digest)``, ``("missing", None)`` or ``("damaged", what is wrong)``."""
     try:
         with zipfile.ZipFile(path) as archive:
             name = next((n for n in archive.namelist() if n.endswith("/" + DIGEST_RECORD)), None)
-            return None if name is None else archive.read(name).decode("ascii", "replace")
-    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
-        return None
+            if name is None:
+                return "missing", None
+            try:
+                raw = archive.read(name)
+            except (zipfile.BadZipFile, OSError, KeyError, ValueError, EOFError) as err:
+                return "damaged", f"{type(err).__name__}: {err}"
+    except (zipfile.BadZipFile, OSError, KeyError, ValueError, EOFError) as err:
+        return "damaged", f"not a readable zip archive: {err}"
+    text = raw.decode("ascii", "replace")
+    if len(text) != 64 or any(ch not in "0123456789abcdef" for ch in text):
+        return "damaged", "not a SHA-256 hex digest"
+    return "ok", text
 
 
 def _check_digest(file: Path, obj: dict[str, Any]) -> None:
-    stored = stored_digest(file)
-    if stored is None:
+    from bft_lightning.utils.checkpoint_format import CHECKPOINT_KEY, is_sealed
+
+    state, value = digest_record(file)
+    if state == "damaged" and (is_sealed(obj) or "not a readable zip" not in str(value)):
+        raise CheckpointLoadError(
+            f"{file}: its content digest record is damaged ({value}): the file cannot be "
+            "verified and is not loaded. Use another checkpoint."
+        )
+    if state != "ok":
+        if is_sealed(obj):
+            raise CheckpointLoadError(
+                f"{file}: written with a content digest, but the digest record is missing: "
+                "the file cannot be verified and is not loaded. Use another checkpoint."
+            )
+        if isinstance(obj.get(CHECKPOINT_KEY), dict):
+            warnings.warn(
+                f"{file}: the checkpoint carries no content digest (written before checkpoints "
+                "carried one, or without AtomicCheckpointIO): its content cannot be verified",
+                UserWarning,
+                stacklevel=3,
+            )
         return
-    if stored != content_digest(obj):
+    if value != content_digest(obj):
         raise CheckpointLoadError(
             f"{file}: content digest mismatch: the file changed after it was written "
             "(disk or copy corruption); it is not loaded. Use another checkpoint."
@@ -153,6 +196,8 @@ def _check_digest(file: Path, obj: dict[str, Any]) -> None:
 def safe_load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``; every failure names the file."""
     file = Path(path)
+    if file.is_dir():
+        raise CheckpointLoadError(f"{file}: is a directory, not a checkpoint file")
     if not file.is_file():
         raise FileNotFoundError(f"checkpoint not found: {file}")
     if file.stat().st_size == 0:
@@ -196,6 +241,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
+        from bft_lightning.utils.checkpoint_format import seal
+
+        seal(checkpoint)
         atomic_torch_save(checkpoint, path, digest=content_digest(checkpoint))
 
     def load_checkpoint(

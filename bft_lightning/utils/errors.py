@@ -104,11 +104,15 @@ def _innermost(err: BaseException) -> BaseException:
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, _INPUT_ERRORS) and type(current).__module__.split(".")[0] != (
-            "jsonargparse"
+        bare = isinstance(current, UnicodeError) and current is not err  # a decoder's own
+        if (
+            isinstance(current, _INPUT_ERRORS)
+            and type(current).__module__.split(".")[0] != "jsonargparse"
+            and not bare  # message: the error raised from it names the file and line
         ):
             found = current
-        current = current.__cause__ or current.__context__
+        context = None if current.__suppress_context__ else current.__context__
+        current = current.__cause__ or context  # `raise ... from None` hides its context
     return found
 
 

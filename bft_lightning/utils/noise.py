@@ -11,6 +11,7 @@ turns all of them off.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
 __all__ = ["FILTERS", "quiet_third_party"]
@@ -60,6 +61,18 @@ FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
         "a resumed run (--ckpt_path) writes on into its own checkpoint folder by design",
     ),
     (
+        r"The dirpath has changed from",
+        Warning,
+        r"",
+        "a resumed run's checkpoint folder is pinned to its run (utils.run_dir) by design",
+    ),
+    (
+        r"It is recommended to use `self\.log\(.*sync_dist=True\)`",
+        Warning,
+        r"",
+        "epoch-level metrics are reduced by the metric objects themselves, across processes",
+    ),
+    (
         r".*does not have many workers which may be a bottleneck",
         Warning,
         r"",
@@ -72,14 +85,28 @@ _TIP_PREFIX = "\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging"
 
 
 class _DropTip(logging.Filter):
+    """Drops the tip; takes the "0 Total Flops" line (nothing measured) out of the summary."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_TIP_PREFIX)
+        text = str(record.msg)
+        if "Total Flops" in text:
+            record.msg = "\n".join(
+                line for line in text.split("\n") if not re.match(r"^0\s+Total Flops", line)
+            )
+        return not text.startswith(_TIP_PREFIX)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # type: ignore[no-untyped-def]
+    """``warning: <message>``: where in a library it was raised is not the user's business
+    (``--debug`` shows the usual form)."""
+    return f"warning: {message}\n"
 
 
 def quiet_third_party() -> None:
     """Install the filters of :data:`FILTERS` and drop Lightning's litlogger tip."""
     for message, category, module, _why in FILTERS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    warnings.formatwarning = _one_line_warning
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTip) for f in logger.filters):

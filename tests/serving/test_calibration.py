@@ -15,13 +15,13 @@ from recdata import FIRST, NUM_ITEMS, config, successor
 
 from bft_lightning import Recommender
 from bft_lightning.retrieval import TopK
-from bft_lightning.serving.calibration import (
+from bft_lightning.serving.confidence import plackett_luce_log_prob, softmax_mass
+from bft_lightning.serving.hit_calibration import (
     ConfidenceCalibration,
     confidence_features,
     feature_names,
     fit_calibration,
 )
-from bft_lightning.serving.confidence import plackett_luce_log_prob, softmax_mass
 from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,9 +131,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def _calibrate(capsys, *args: str) -> tuple[int, str]:
     """``calibrate`` in this process: (exit status, stderr)."""
+    from bft_lightning.cli import build_datamodule
     from bft_lightning.serving.calibrate_cli import main
 
-    code = main(list(args))
+    code = main(list(args), build_data=build_datamodule)
     return code, capsys.readouterr().err
 
 
@@ -168,7 +169,7 @@ def test_calibrate_on_validation_users_then_recommend(mixed, tmp_path, capsys) -
     conf = torch.tensor([r.confidence for r in res])
     hit = torch.tensor([t in r.items for r, t in zip(res, targets, strict=True)]).double()
     assert ((conf >= 0) & (conf <= 1)).all()
-    from bft_lightning.serving.calibration import _auroc
+    from bft_lightning.serving.hit_calibration import _auroc
 
     assert float(conf[0::2].mean()) > float(conf[1::2].mean()) + 0.1
     assert _auroc(conf.double(), hit) > 0.65

@@ -147,7 +147,7 @@ def test_bad_input_names_file_and_line(trained, tmp_path, capsys, text, line, wh
     out = tmp_path / "out.csv"
     out.write_text("previous output\n")
     code = rcli.main(["--ckpt_path", str(trained[0]), "--input", str(src), "--output", str(out),
-                      "--no-progress", "--batch-size", "1"])  # fmt: skip
+                      "--no-progress", "--batch-size", "1", "--overwrite"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith(f"error: {src}:{line}: "), err

@@ -14,6 +14,7 @@ from recdata import FIRST, NUM_ITEMS, config
 
 from bft_lightning import Recommender
 from bft_lightning.serving import cli as rcli
+from bft_lightning.utils.checkpoint_format import save_checkpoint
 from bft_lightning.utils.checkpoint_io import safe_load_checkpoint
 
 
@@ -57,7 +58,7 @@ def hstu(tmp_path_factory) -> tuple[Path, Path, dict[str, list[tuple[str, int]]]
         for name, value in state["state_dict"].items():
             if name.endswith("rab.time_weight"):
                 value.copy_(torch.linspace(-1.0, 1.0, value.numel()))
-        torch.save(state, ckpt)
+        save_checkpoint(state, ckpt)  # sealed again, with a new digest
     return ckpt, cfg, log
 
 

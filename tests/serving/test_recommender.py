@@ -170,6 +170,7 @@ def test_cuda_matches_cpu(rec: Recommender, trained) -> None:
 def test_checkpoint_without_vocabulary_is_refused(trained, tmp_path) -> None:
     checkpoint = torch.load(trained[0], weights_only=True)
     del checkpoint["bft_lightning"]["vocabulary"]
+    del checkpoint["bft_lightning"]["sealed"]  # as saved before checkpoints were sealed
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
     with pytest.raises(ValueError, match=r"old\.ckpt: the checkpoint holds no item vocabulary"):

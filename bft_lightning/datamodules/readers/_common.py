@@ -7,6 +7,7 @@ import codecs
 import gzip
 import io
 import math
+import re
 from collections.abc import Generator
 from pathlib import Path
 
@@ -52,9 +53,31 @@ def token(value: object, path: Path | str, lineno: int, field: str) -> str:
 
 
 def check_exists(path: Path) -> None:
-    """Raise ``FileNotFoundError`` naming ``path`` when it is missing."""
+    """Raise ``FileNotFoundError`` naming ``path`` when it is missing (``ValueError``
+    when it is a directory)."""
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not an interaction file (name the file)")
     if not path.is_file():
         raise FileNotFoundError(f"interaction file not found: {path}")
+
+
+_DATE = re.compile(r"^\s*\d{4}-\d{1,2}-\d{1,2}([ T].*)?$")
+_NAME = re.compile(r"^\s*[A-Za-z_][A-Za-z_:]*\s*$")
+
+
+def _not_a_number(tok: str) -> str:
+    """Why a timestamp field is not a number: a date, a repeated header, or other text."""
+    if _DATE.match(tok):
+        return (
+            f"timestamp {tok!r} is a date; timestamps must be unix seconds (a number), "
+            "convert the column first"
+        )
+    if _NAME.match(tok):
+        return (
+            f"non-numeric timestamp {tok!r}: a header line repeated in the middle of the file? "
+            "(only the first line may be a header; remove this one)"
+        )
+    return f"non-numeric timestamp {tok!r}"
 
 
 def is_digits(text: str) -> bool:
@@ -87,7 +110,7 @@ def parse_time(tok: str, path: Path, lineno: int) -> tuple[int, float]:
     try:
         value = float(tok)
     except ValueError:
-        raise bad(path, lineno, f"non-numeric timestamp {tok!r}") from None
+        raise bad(path, lineno, _not_a_number(tok)) from None
     if not math.isfinite(value):
         raise bad(path, lineno, f"non-finite timestamp {tok!r}")
     if abs(value) >= MAX_TIME:

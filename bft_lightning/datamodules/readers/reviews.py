@@ -111,6 +111,13 @@ def _amazon_csv_rows(
     named = _csv_columns(fields)
     if named is not None:
         cols, width, rows = named, len(fields), lines
+    elif fields and not any(ch.isdigit() for f in fields for ch in f):  # names, no ids
+        expected = "; ".join(f"{key}: {', '.join(names)}" for key, names in CSV_NAMES.items())
+        raise bad(
+            path, lineno,
+            f"unrecognised header {fields}: expected a column for each of ({expected}), or "
+            "no header and rows user,item,rating,timestamp",
+        )  # fmt: skip
     else:
         head = [(lineno, line), *itertools.islice(lines, _LAYOUT_ROWS - 1)]
         cols, width = _headerless_layout([next(csv.reader([text])) for _, text in head]), 4

@@ -1,10 +1,9 @@
 """What a recommendation checkpoint records beside the weights, and the checks on loading it.
 
-Under ``checkpoint["bft_lightning"]`` (``CHECKPOINT_KEY``): the task and
-backbone classes, ``num_items``, ``max_len``, how to rebuild the backbone
-(``backbone_init``: ``{"class_path", "init_args"}``) and the data's
-vocabulary (``bft_lightning.datamodules.vocabulary``). ``check_checkpoint``
-turns a checkpoint from another model or other data into one clear error.
+The record itself (key, fields, reader, writer) is
+:mod:`bft_lightning.utils.checkpoint_format`. Here: how a backbone factory is
+recorded (:func:`backbone_spec`), and the checks that turn a checkpoint from
+another model or other data into one clear error.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-CHECKPOINT_KEY = "bft_lightning"  # what the checkpoint was saved from (classes, num_items)
+from bft_lightning.utils.checkpoint_format import CheckpointRecord, read_record
 
 
 def qualname(cls: type) -> str:
@@ -89,7 +88,7 @@ def use_checkpoint_vocabulary(datamodule: object, checkpoint: dict[str, Any], so
     use = getattr(datamodule, "use_vocabulary", None)
     if not callable(use):
         return
-    vocabulary = (checkpoint.get(CHECKPOINT_KEY) or {}).get("vocabulary")
+    vocabulary = (read_record(checkpoint) or CheckpointRecord()).vocabulary
     if vocabulary is None:
         rank_zero_warn(
             f"{source}: the checkpoint holds no item vocabulary (saved before checkpoints "
@@ -120,15 +119,15 @@ def check_checkpoint(
     state = checkpoint.get("state_dict")
     if not isinstance(state, dict):
         raise ValueError(f"{source}: not a Lightning checkpoint (no state_dict)")
-    info = checkpoint.get(CHECKPOINT_KEY) or {}
-    saved = info.get("backbone")
+    info = read_record(checkpoint) or CheckpointRecord()
+    saved = info.backbone
     if saved is not None and not related(saved, type(model)):
         raise ValueError(
             f"{source}: checkpoint from another model: its backbone is {saved}, "
             f"this run builds {qualname(type(model))}"
         )
     hparams = checkpoint.get("hyper_parameters") or {}
-    saved_items = info.get("num_items", hparams.get("num_items"))
+    saved_items = info.num_items if info.num_items is not None else hparams.get("num_items")
     if saved_items is not None and saved_items != num_items:
         raise ValueError(
             f"{source}: the checkpoint was trained on num_items={saved_items} items but the "
@@ -158,7 +157,7 @@ def check_checkpoint(
 def check_timestamps(dm: object, checkpoint: dict[str, Any], model: object, source: str) -> None:
     """Refuse data without timestamps for a model trained with them that reads them
     (HSTU's time bias): it would be evaluated or serve as another function."""
-    timed = (checkpoint.get(CHECKPOINT_KEY) or {}).get("timestamps")
+    timed = (read_record(checkpoint) or CheckpointRecord()).timestamps
     if not timed or not getattr(model, "uses_timestamps", False) or dm is None:
         return
     if getattr(dm, "has_time", None) is False:
