@@ -283,8 +283,10 @@ def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool
     ``ArgumentError``) instead of printing the usage and exiting; :func:`entry`
     uses it to print one line instead.
 
-    ``recommend`` runs :mod:`bft_lightning.serving.cli` and ``calibrate``
-    :mod:`bft_lightning.serving.calibrate_cli`; each exits with its status.
+    ``recommend`` runs :mod:`bft_lightning.serving.cli`, ``calibrate``
+    :mod:`bft_lightning.serving.calibrate_cli`, ``serve`` and ``export``
+    :mod:`~bft_lightning.serving.serve_cli` and :mod:`~bft_lightning.serving.export_cli`;
+    each exits with its status.
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] == "recommend":
@@ -295,6 +297,14 @@ def main(args: list[str] | None = None, run: bool = True, *, exit_on_error: bool
         from bft_lightning.serving.calibrate_cli import main as calibrate
 
         raise SystemExit(calibrate(argv[1:]))
+    if argv and argv[0] == "serve":
+        from bft_lightning.serving.serve_cli import main as serve
+
+        raise SystemExit(serve(argv[1:]))
+    if argv and argv[0] == "export":
+        from bft_lightning.serving.export_cli import main as export
+
+        raise SystemExit(export(argv[1:]))
     per_command = {"exit_on_error": exit_on_error}
     parser_kwargs: dict[str, Any] = {
         "default_env": True, "prog": PROG, "formatter_class": _LeadFormatter,
