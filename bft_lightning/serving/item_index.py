@@ -16,7 +16,9 @@ from pathlib import Path
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.retrieval.faiss_index import FaissConfig, ItemIndex
 
-__all__ = ["RETRIEVALS", "check_output_path", "index_path_for", "open_index"]
+from .outputs import check_output_path
+
+__all__ = ["RETRIEVALS", "check_retrieval", "index_path_for", "open_index"]
 
 RETRIEVALS = ("exact", "faiss")
 
@@ -31,16 +33,6 @@ def index_path_for(checkpoint: str | Path) -> Path:
     """Where the index of ``checkpoint`` is saved: ``CKPT.faiss`` (and ``CKPT.faiss.json``)."""
     checkpoint = Path(checkpoint)
     return checkpoint.with_name(checkpoint.name + ".faiss")
-
-
-def check_output_path(output: str | Path, inputs: list[str | Path]) -> Path:
-    """``output`` as a path, refused (``ValueError`` naming it) when it is one of ``inputs``:
-    a written file never replaces what it was made from."""
-    out = Path(output).resolve()
-    for item in inputs:
-        if Path(item).resolve() == out:
-            raise ValueError(f"{output}: the output would overwrite an input ({item})")
-    return Path(output)
 
 
 def open_index(
