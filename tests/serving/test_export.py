@@ -76,11 +76,14 @@ def test_onnx_ranks_as_pytorch(tmp_path, name: str, precision: str) -> None:
 def test_export_safe_forms_give_the_same_eval_outputs(name: str) -> None:
     rec = _recommender(name, "on")
     model = rec.model
+    kernels = []
     for module in model.modules():  # the custom ops wherever a layer can take them
         if getattr(module, "backward", None) in ("autograd", "custom"):
             module.backward = "custom"
         if getattr(module, "impl", None) in KERNELS:
             module.impl = "blockwise"
+            kernels.append(module)
+    assert any(getattr(m, "backward", None) == "custom" for m in model.modules())
     ids = torch.randint(1, NUM_ITEMS + 1, (4, 9))
     ids[0, :5] = 0
     times = torch.cumsum(torch.randint(1, 10_000, (4, 9)), 1) + 1_400_000_000
@@ -92,7 +95,9 @@ def test_export_safe_forms_give_the_same_eval_outputs(name: str) -> None:
             assert not any(getattr(m, "backward", None) == "custom" for m in model.modules())
     torch.testing.assert_close(h2, h, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lp2, lp, rtol=1e-5, atol=1e-5)
-    assert any(getattr(m, "impl", None) == "blockwise" for m in model.modules())  # restored
+            assert all(m.impl == "reference" for m in kernels)
+    assert all(m.impl == "blockwise" for m in kernels)  # restored
+    assert any(getattr(m, "backward", None) == "custom" for m in model.modules())
 
 
 def test_export_refuses_to_overwrite_the_checkpoint(tmp_path) -> None:
