@@ -11,7 +11,10 @@ nearest-neighbour search in L2 (the maximum-inner-product reduction):
     |q_u - x_j|^2 = |q_u|^2 + R^2 - 2 s_u (u . v_j + b_j)
 
 so the nearest items are the best scored, the bias and the per-user factor
-folded into the index and the query. The candidates found (``k`` plus the
+folded into the index and the query. The IVF index searches that L2 form
+(its k-means cells are L2 cells); the HNSW graph searches the inner product
+``q_u . x_j`` itself, the same ranking, where an item far from the others (a
+large bias) is not left out of the graph's neighbourhoods. The candidates found (``k`` plus the
 user's excluded items plus ``extra``, "fetch more than k and filter") are then
 scored exactly as the tiled path scores them (``Scorer.columns``: the returned
 scores are the model's scores), excluded items dropped, and the best ``k``
@@ -112,14 +115,16 @@ def item_digest(model: SequentialRecommender) -> str:
     return h.hexdigest()
 
 
-def _augmented(items: Tensor, bias: Tensor | None) -> tuple[np.ndarray, float]:
-    """Index vectors (N, d + 2) float32 of the L2 reduction, and ``R``."""
+def _augmented(items: Tensor, bias: Tensor | None) -> np.ndarray:
+    """Index vectors (N, d + 2) float32: ``[v_j, b_j, sqrt(R^2 - |v_j|^2 - b_j^2)]``; the
+    last column is the L2 reduction's (an inner-product search ignores it: the query's
+    last entry is 0)."""
     b = torch.zeros(items.shape[0]) if bias is None else bias
     x = torch.cat([items.double(), b.double().unsqueeze(1)], 1)
     norms = x.square().sum(1)
     radius2 = float(norms.max()) if len(norms) else 0.0
     pad = (radius2 - norms).clamp_min(0.0).sqrt().unsqueeze(1)
-    return torch.cat([x, pad], 1).float().numpy(), math.sqrt(radius2)
+    return torch.cat([x, pad], 1).float().numpy()
 
 
 class ItemIndex:
@@ -128,6 +133,7 @@ class ItemIndex:
     def __init__(self, index: Any, config: FaissConfig, digest: str, sample: np.ndarray) -> None:
         self.index, self.config, self.digest = index, config, digest
         self.sample = torch.as_tensor(sample, dtype=torch.long)  # 0-based item columns
+        self._heads: Tensor | None = None  # the items of largest norm, always candidates
         self._tune()
 
     def _tune(self) -> None:
@@ -149,10 +155,10 @@ class ItemIndex:
 
         config = config or FaissConfig()
         items, bias = _factors(model)
-        x, _ = _augmented(items, bias)
+        x = _augmented(items, bias)
         n, dim = x.shape
-        if config.kind == "hnsw":
-            index = faiss.IndexHNSWFlat(dim, config.hnsw_m)
+        if config.kind == "hnsw":  # inner product: an item far out (a large bias) stays found
+            index = faiss.IndexHNSWFlat(dim, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = config.ef_construction
             index.add(x)
         else:
@@ -235,7 +241,8 @@ class ItemIndex:
         excluded = 0 if exclude is None or not exclude.numel() else int((exclude > 0).sum(1).max())
         fetch = min(n, kk + excluded + self.config.extra)
         _, found = self.index.search(query.numpy(), fetch)
-        cand = torch.from_numpy(found).long()  # (U, fetch) 0-based, -1 where none found
+        heads = self._largest(scorer).expand(u, -1)
+        cand = torch.cat([torch.from_numpy(found).long(), heads], 1)  # 0-based, -1: none found
         valid = cand >= 0
         cand = cand.clamp_min(0)
         scores = self._scores(scorer, cand)
@@ -254,6 +261,18 @@ class ItemIndex:
         lse = self._logsumexp(scorer, scores, cand.masked_fill(~valid, -1), exclude)
         dev = scorer.users.device
         return v.to(scorer.users.dtype).to(dev), cols.to(dev), lse.to(dev)
+
+    def _largest(self, scorer: Scorer) -> Tensor:
+        """(1, extra) the items whose ``|[v_j, b_j]|`` is largest: the best scored for many
+        users, and far from the rest, where a graph's or a cell's search can miss them
+        (an item with a large bias); rescored with the found ones at no cost worth naming."""
+        if self._heads is None:
+            norms = scorer.items.float().square().sum(1)
+            if scorer.bias is not None:
+                norms = norms + scorer.bias.float().square()
+            count = min(self.config.extra, norms.numel())
+            self._heads = norms.topk(count).indices.cpu().unsqueeze(0)
+        return self._heads
 
     @staticmethod
     def _scores(scorer: Scorer, cand: Tensor) -> Tensor:
