@@ -140,7 +140,8 @@ class ItemIndex:
         import faiss
 
         if self.config.kind == "hnsw":
-            faiss.downcast_index(self.index).hnsw.efSearch = self.config.ef_search
+            graph: Any = faiss.downcast_index(self.index)
+            graph.hnsw.efSearch = self.config.ef_search
         else:
             faiss.extract_index_ivf(self.index).nprobe = self.config.nprobe
 
@@ -157,6 +158,7 @@ class ItemIndex:
         items, bias = _factors(model)
         x = _augmented(items, bias)
         n, dim = x.shape
+        index: Any
         if config.kind == "hnsw":  # inner product: an item far out (a large bias) stays found
             index = faiss.IndexHNSWFlat(dim, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = config.ef_construction

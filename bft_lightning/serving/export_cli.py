@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # ExportError, an output over an input
         print(f"error: {err}".splitlines()[0], file=sys.stderr)
         return 2
-    print(f"export: {type(rec.model).__name__} (precision={rec.model.precision}, "
-          f"{rec.num_items} items) written to {out}/ (model.onnx, items.npy, item_bias.npy, "
-          "vocabulary.json, export.json); onnxruntime matches PyTorch", file=sys.stderr)  # fmt: skip
+    name = f"{type(rec.model).__name__} (precision={rec.model.precision}, {rec.num_items} items)"
+    files = "model.onnx, items.npy, item_bias.npy, vocabulary.json, export.json"
+    print(f"export: {name} written to {out}/ ({files}); onnxruntime matches PyTorch",
+          file=sys.stderr)  # fmt: skip
     return 0

@@ -23,9 +23,9 @@ from .recommender import Recommender
 
 __all__ = ["EXCLUDE_SEEN_DEFAULT", "RecommendRequest", "RequestError", "parse_body"]
 
-EXCLUDE_SEEN_DEFAULT: bool = inspect.signature(Recommender.recommend).parameters[
-    "exclude_seen"
-].default
+EXCLUDE_SEEN_DEFAULT: bool = (
+    inspect.signature(Recommender.recommend).parameters["exclude_seen"].default
+)
 FIELDS = ("items", "times", "k", "exclude_seen", "user")
 MAX_BODIES = 1024  # bodies in one list
 

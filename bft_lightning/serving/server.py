@@ -53,7 +53,8 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value}")
         if not 0 <= self.batch_timeout < self.timeout:
             raise ValueError(
-                f"--batch-timeout must be in [0, --timeout = {self.timeout}), got {self.batch_timeout}"
+                f"--batch-timeout must be in [0, {self.timeout}) (--timeout), "
+                f"got {self.batch_timeout}"
             )
         if self.host not in ("127.0.0.1", "0.0.0.0", "::"):
             raise ValueError(f"--host must be 127.0.0.1, 0.0.0.0 or ::, got {self.host!r}")
