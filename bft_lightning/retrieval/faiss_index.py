@@ -62,13 +62,13 @@ class FaissConfig:
 
     kind: ``"hnsw"`` or ``"ivf"``. hnsw_m: graph degree; ef_construction /
     ef_search: HNSW's candidate lists when building / searching. nlist: IVF
-    cells (0: ``4 sqrt(N)``); nprobe: cells scanned per query. extra: candidates
+    cells (0: ``sqrt(N)``, k-means on 40 items a cell); nprobe: cells scanned per query. extra: candidates
     fetched beyond ``k`` + the user's excluded items, rescored exactly.
     lse_sample: items of the fixed sample that estimates the log-sum-exp.
     seed: of the IVF training sample and the log-sum-exp sample.
     """
 
-    kind: str = "hnsw"
+    kind: str = "ivf"
     hnsw_m: int = 32
     ef_construction: int = 64
     ef_search: int = 128
@@ -164,11 +164,11 @@ class ItemIndex:
             index.hnsw.efConstruction = config.ef_construction
             index.add(x)
         else:
-            nlist = config.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39 or 1))
+            nlist = config.nlist or max(1, min(int(math.sqrt(n)), n // 40 or 1))
             quantizer = faiss.IndexFlatL2(dim)
             index = faiss.IndexIVFFlat(quantizer, dim, nlist)
             rng = np.random.default_rng(config.seed)
-            train = x if n <= 64 * nlist else x[rng.choice(n, 64 * nlist, replace=False)]
+            train = x if n <= 40 * nlist else x[rng.choice(n, 40 * nlist, replace=False)]
             index.train(train)
             index.add(x)
         rng = np.random.default_rng(config.seed + 1)
