@@ -99,6 +99,8 @@ def prepare_one(args: argparse.Namespace, catalogue: str, precision: str) -> Non
     trainer.fit(task, datamodule=dm)
     work.mkdir(parents=True, exist_ok=True)
     trainer.save_checkpoint(path, weights_only=True)
+    if big:
+        grow(path, 1_000_000)
     histories = work / f"{catalogue}_histories.jsonl"
     if not histories.exists():
         seq = dm.sequences
@@ -109,6 +111,47 @@ def prepare_one(args: argparse.Namespace, catalogue: str, precision: str) -> Non
                 start, end = int(seq.offsets[u]), int(seq.offsets[u + 1])
                 items = [str(seq.item_ids[i]) for i in seq.items[start : end - 1]]
                 fh.write(json.dumps({"user": str(seq.user_ids[u]), "items": items}) + "\n")
+
+
+def grow(path: Path, items: int) -> None:
+    """The checkpoint's catalogue grown to ``items``: the synthetic log's users reach only
+    some ten thousand of its items, so the trained item vectors are kept and the rest
+    drawn around them (a trained vector plus Gaussian noise of half the table's
+    per-dimension spread), with new raw ids and no training count. The encoder, its
+    states and the trained items are the model's own."""
+    import torch
+
+    from bft_lightning.utils.checkpoint_io import (
+        atomic_torch_save,
+        content_digest,
+        safe_load_checkpoint,
+    )
+
+    state = safe_load_checkpoint(path)
+    info = state["bft_lightning"]
+    weight = state["state_dict"]["model.item_emb.weight"]
+    n = int(info["num_items"])
+    if n >= items:
+        return
+    g = torch.Generator().manual_seed(0)
+    trained = weight[1 : n + 1]
+    picks = torch.randint(0, n, (items - n,), generator=g)
+    spread = trained.std(0) * 0.5
+    new = trained[picks] + torch.randn(items - n, weight.shape[1], generator=g) * spread
+    tensors = state["state_dict"]
+    tensors["model.item_emb.weight"] = torch.cat([weight[: n + 1], new, weight[n + 1 :]])
+    for key, t in list(tensors.items()):  # other per-item tensors (BFT's per-item prior)
+        if key != "model.item_emb.weight" and key.startswith("model.") and t.ndim:
+            if t.shape[0] == n + 1:
+                tensors[key] = torch.cat([t, t[1:][picks]])
+            elif t.shape[0] == n:
+                tensors[key] = torch.cat([t, t[picks]])
+    vocab = info["vocabulary"]
+    vocab["item_ids"] = list(vocab["item_ids"]) + [f"grown{j}" for j in range(items - n)]
+    freq = torch.as_tensor(vocab["item_frequency"])
+    vocab["item_frequency"] = torch.cat([freq, torch.zeros(items - n, dtype=freq.dtype)])
+    info["num_items"] = items
+    atomic_torch_save(state, path, digest=content_digest(state))
 
 
 def prepare(args: argparse.Namespace) -> None:

@@ -134,6 +134,7 @@ class ItemIndex:
         self.index, self.config, self.digest = index, config, digest
         self.sample = torch.as_tensor(sample, dtype=torch.long)  # 0-based item columns
         self._heads: Tensor | None = None  # the items of largest norm, always candidates
+        self._where: Tensor | None = None  # (N,) each item's place in the sample, -1 if none
         self._tune()
 
     def _tune(self) -> None:
@@ -299,20 +300,21 @@ class ItemIndex:
         head = torch.logsumexp(cand_scores, dim=1)  # excluded candidates already -inf
         n, m = scorer.num_items, self.sample.numel()
         tail = scorer.columns(self.sample.to(scorer.users.device)).float().cpu()  # (U, m)
-        tail = _mask_members(tail, self.sample, cand)
+        if self._where is None:
+            self._where = torch.full((n,), -1, dtype=torch.long)
+            self._where[self.sample] = torch.arange(m)
+        tail = _mask_members(tail, self._where, cand)
         if exclude is not None:
-            tail = _mask_members(tail, self.sample, exclude.cpu().long() - 1)
+            tail = _mask_members(tail, self._where, exclude.cpu().long() - 1)
         return torch.logaddexp(head, torch.logsumexp(tail, dim=1) + math.log(n / m))
 
 
-def _mask_members(tail: Tensor, sample: Tensor, cols: Tensor) -> Tensor:
-    """``tail`` (U, m) at -inf where the sampled column is among the user's ``cols`` (U, c)."""
+def _mask_members(tail: Tensor, where: Tensor, cols: Tensor) -> Tensor:
+    """``tail`` (U, m) at -inf where the sampled item is among the user's ``cols`` (U, c),
+    0-based columns, -1 for none; ``where`` (N,) maps an item to its sample place or -1."""
     if cols.shape[1] == 0:
         return tail
-    if sample.numel() * cols.shape[1] <= 1 << 22:
-        hit = (sample.view(1, -1, 1) == cols.unsqueeze(1)).any(2)
-    else:  # large: by sorted search per user
-        srt = cols.sort(1).values
-        at = torch.searchsorted(srt, sample.expand(cols.shape[0], -1).contiguous())
-        hit = srt.gather(1, at.clamp_max(srt.shape[1] - 1)) == sample
-    return tail.masked_fill(hit, float("-inf"))
+    place = where[cols.clamp_min(0)].masked_fill(cols < 0, -1)  # (U, c)
+    rows, at = (place >= 0).nonzero(as_tuple=True)
+    tail[rows, place[rows, at]] = float("-inf")
+    return tail
