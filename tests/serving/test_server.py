@@ -158,3 +158,40 @@ def test_without_the_extra_serve_names_the_install(monkeypatch, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert err == ("error: litserve is not installed; the serve extra provides it: "
                    "pip install 'bft-lightning[serve]'")  # fmt: skip
+
+
+def test_faiss_retrieval_from_a_checkpoint(trained, tmp_path: Path) -> None:
+    """``retrieval="faiss"`` lists what exact lists on the small checkpoint; the index is
+    saved beside the checkpoint and refused, naming it, once the items change; the
+    ``recommend`` command takes ``--retrieval faiss``."""
+    import shutil
+
+    import torch
+
+    from bft_lightning.retrieval.faiss_index import StaleIndexError
+    from bft_lightning.serving.cli import main as recommend
+    from bft_lightning.utils.checkpoint_io import (
+        atomic_torch_save,
+        content_digest,
+        safe_load_checkpoint,
+    )
+
+    ckpt = tmp_path / "best.ckpt"
+    shutil.copy(trained[0], ckpt)
+    histories = [["1001", "1002"], ["1010"], [], ["1019", "1020", "1001"]]
+    exact = Recommender.from_checkpoint(ckpt).recommend(histories, k=5, exclude_seen=True)
+    fast = Recommender.from_checkpoint(ckpt, retrieval="faiss")
+    assert (tmp_path / "best.ckpt.faiss").exists() and fast.retrieval == "faiss"
+    for a, b in zip(exact, fast.recommend(histories, k=5, exclude_seen=True)):
+        assert a.items == b.items and b.scores == pytest.approx(a.scores, abs=1e-5)
+    source = tmp_path / "h.jsonl"
+    source.write_text('{"user": "u", "items": ["1001"]}\n')
+    args = ["--ckpt_path", str(ckpt), "--input", str(source), "--output", str(tmp_path / "o.csv")]
+    assert recommend([*args, "--retrieval", "faiss", "--no-progress"]) == 0
+    assert (tmp_path / "o.csv").read_text().splitlines()[1].startswith("u,1,1002,")
+    state = safe_load_checkpoint(ckpt)
+    with torch.no_grad():
+        state["state_dict"]["model.item_emb.weight"][3] += 0.01
+    atomic_torch_save(state, ckpt, digest=content_digest(state))
+    with pytest.raises(StaleIndexError, match=r"best\.ckpt\.faiss: the index was built from"):
+        Recommender.from_checkpoint(ckpt, retrieval="faiss")
