@@ -62,8 +62,8 @@ class FaissConfig:
 
     kind: ``"hnsw"`` or ``"ivf"``. hnsw_m: graph degree; ef_construction /
     ef_search: HNSW's candidate lists when building / searching. nlist: IVF
-    cells (0: ``sqrt(N)``, k-means on 40 items a cell); nprobe: cells scanned per query. extra: candidates
-    fetched beyond ``k`` + the user's excluded items, rescored exactly.
+    cells (0: ``sqrt(N)``, k-means on 40 items a cell); nprobe: cells scanned per
+    query. extra: candidates fetched beyond ``k`` + the user's excluded items, rescored exactly.
     lse_sample: items of the fixed sample that estimates the log-sum-exp.
     seed: of the IVF training sample and the log-sum-exp sample.
     """

@@ -180,16 +180,8 @@ class Recommender:
             calibration = ConfidenceCalibration.from_dict(calibration, str(path))
         timed = info.get("timestamps")
         index = open_index(model, path) if check_retrieval(retrieval) == "faiss" else None
-        rec = cls(
-            model,
-            vocabulary["item_ids"],
-            vocabulary["item_frequency"],
-            device,
-            calibration,
-            None if timed is None else bool(timed),
-            retrieval,
-            index,
-        )
+        rec = cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device, calibration,
+                  None if timed is None else bool(timed), retrieval, index)  # fmt: skip
         rec.fingerprint = vocabulary.get("fingerprint")
         return rec
 
@@ -360,16 +352,8 @@ class Recommender:
                     exclude[r, : len(row)] = torch.tensor(row)
                 exclude = exclude.to(self.device)
             stamps = None if stamps is None else stamps.to(self.device)
-            top, confidence = rank_next(
-                self.model,
-                ids.to(self.device),
-                k,
-                stamps,
-                exclude,
-                self.calibration,
-                self._log_count,
-                self.item_index,
-            )
+            rest = (stamps, exclude, self.calibration, self._log_count, self.item_index)
+            top, confidence = rank_next(self.model, ids.to(self.device), k, *rest)
             scores, items = top.scores.cpu(), top.ids.cpu()
             confidence = confidence.cpu()
             for r, i in enumerate(warm):
