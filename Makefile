@@ -20,7 +20,7 @@ FORCE:
 
 $(STAMP): $(PY) pyproject.toml $(SPEC_FILE)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,tune]"
+	$(PY) -m pip install -q -e ".[dev,tune,serve]"
 	touch $(STAMP)
 
 setup: $(STAMP)

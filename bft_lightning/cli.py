@@ -386,8 +386,10 @@ def main(
     pruning callbacks, so a trial is built exactly as ``fit`` builds a run).
 
     ``recommend`` runs :mod:`bft_lightning.serving.cli`, ``calibrate``
-    :mod:`bft_lightning.serving.calibrate_cli` and ``tune``
-    :mod:`bft_lightning.tuning.cli`; each exits with its status.
+    :mod:`bft_lightning.serving.calibrate_cli`, ``tune``
+    :mod:`bft_lightning.tuning.cli`, ``serve`` and ``export``
+    :mod:`~bft_lightning.serving.serve_cli` and :mod:`~bft_lightning.serving.export_cli`;
+    each exits with its status.
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] == "tune":
@@ -402,6 +404,14 @@ def main(
         from bft_lightning.serving.calibrate_cli import main as calibrate
 
         raise SystemExit(calibrate(argv[1:], build_data=build_datamodule))
+    if argv and argv[0] == "serve":
+        from bft_lightning.serving.serve_cli import main as serve
+
+        raise SystemExit(serve(argv[1:]))
+    if argv and argv[0] == "export":
+        from bft_lightning.serving.export_cli import main as export
+
+        raise SystemExit(export(argv[1:]))
     per_command = {"exit_on_error": exit_on_error}
     parser_kwargs: dict[str, Any] = {
         "default_env": True, "prog": PROG, "formatter_class": _LeadFormatter,

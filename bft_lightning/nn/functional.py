@@ -95,7 +95,11 @@ def mask_weights(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 
     PyTorch's CPU kernels for bool tensors are slow next to the float ones
     (casts, ``masked_fill``, ``where``, ``any``; timings in ``results/perf/notes.md``).
+    While traced (the ONNX export), a plain cast: the same values, and an op every
+    exporter has (a dtype-reinterpreting view is not).
     """
+    if torch.jit.is_tracing() or torch.compiler.is_exporting():
+        return allowed.to(dtype)
     return allowed.view(torch.uint8).to(dtype)
 
 

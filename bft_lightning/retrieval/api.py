@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from bft_lightning.models.base import SequentialRecommender
+
+if TYPE_CHECKING:
+    from bft_lightning.retrieval.faiss_index import ItemIndex
 from bft_lightning.retrieval.dense import dense_target_ranks, dense_topk
 from bft_lightning.retrieval.scores import Scorer, check_exclude
 from bft_lightning.retrieval.tiled import tiled_ranks, tiled_topk
@@ -48,6 +52,7 @@ def topk(
     log_prec: Tensor | None,
     k: int,
     exclude: Tensor | None = None,
+    index: ItemIndex | None = None,
 ) -> TopK:
     """The k best-scored real items of each user, never the excluded ones.
 
@@ -59,13 +64,19 @@ def topk(
             (id 0, score -inf).
         exclude: optional (N, L) item ids per user that are neither returned nor
             counted in ``logsumexp``; 0 entries (padding) are ignored.
+        index: an approximate item index (``faiss_index.ItemIndex``) that finds the
+            candidates instead of scoring every item; the scores returned are still
+            the model's, the log-sum-exp is estimated (``docs/retrieval.md``).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     _check_rows(hidden, log_prec)
     scorer = Scorer.of(model, hidden, log_prec)
     check_exclude(exclude, hidden.shape[0], scorer.num_items)
-    if _tiled(scorer):
+    if index is not None:
+        v, cols, lse = index.topk(scorer, k, exclude)
+        ids = cols + 1
+    elif _tiled(scorer):
         v, cols, lse = tiled_topk(scorer, k, exclude)
         ids = cols + 1
     else:

@@ -271,6 +271,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-seen", action="store_true", help="never recommend a history's items")
     p.add_argument("--batch-size", type=int, default=256, help="histories per batch (default 256)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument(
+        "--retrieval", choices=("exact", "faiss"), default="exact",
+        help="faiss: an approximate item index for large catalogues (docs/serving.md)",
+    )  # fmt: skip
     p.add_argument("--input-format", choices=("jsonl", "csv"), default=None)
     p.add_argument("--output-format", choices=("csv", "jsonl"), default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -315,7 +319,9 @@ def run(opts: argparse.Namespace) -> str:
     check_device(opts.device, "--device")
     histories = read_histories(opts.input, opts.input_format)
     try:
-        rec = Recommender.from_checkpoint(opts.ckpt_path, device=opts.device)
+        rec = Recommender.from_checkpoint(
+            opts.ckpt_path, device=opts.device, retrieval=opts.retrieval
+        )
     except (ValueError, FileNotFoundError) as err:
         raise InputError(f"--ckpt_path {err}") from None
     except RuntimeError as err:  # e.g. a CUDA device that is not there

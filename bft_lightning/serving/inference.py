@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.nn.stats import set_recording
 from bft_lightning.retrieval import TopK, topk
+
+if TYPE_CHECKING:
+    from bft_lightning.retrieval.faiss_index import ItemIndex
 
 from .confidence import recommendation_confidence
 from .hit_calibration import ConfidenceCalibration, confidence_features
@@ -24,6 +29,7 @@ def _rank(
     exclude: Tensor | None,
     feature_k: int | None,
     item_log_count: Tensor | None,
+    index: ItemIndex | None = None,
 ) -> tuple[TopK, Tensor]:
     """The first ``width`` items and either the (N, F) ``confidence_features`` of
     their first ``feature_k`` or (``feature_k`` None) the (N,) ``recommendation_confidence``."""
@@ -32,7 +38,7 @@ def _rank(
         hidden, log_prec, norm_scale = model.last_encoded(input_ids, times)
         with torch.autocast(hidden.device.type, enabled=False):
             hidden = hidden.to(model.item_emb.weight.dtype)
-            top = topk(model, hidden, log_prec, width, exclude)
+            top = topk(model, hidden, log_prec, width, exclude, index)
             if feature_k is None:
                 conf = recommendation_confidence(model, hidden, log_prec, top, norm_scale)
                 return top, conf.float()
@@ -53,10 +59,11 @@ def list_features(
     item_log_count: Tensor,
     times: Tensor | None = None,
     exclude: Tensor | None = None,
+    index: ItemIndex | None = None,
 ) -> tuple[TopK, Tensor]:
     """The first ``k + 1`` items after each history and the (N, F)
     ``confidence_features`` of the first ``k`` (what a calibration is fit on)."""
-    return _rank(model, input_ids, k + 1, times, exclude, k, item_log_count)
+    return _rank(model, input_ids, k + 1, times, exclude, k, item_log_count, index)
 
 
 def rank_next(
@@ -67,6 +74,7 @@ def rank_next(
     exclude: Tensor | None = None,
     calibration: ConfidenceCalibration | None = None,
     item_log_count: Tensor | None = None,
+    index: ItemIndex | None = None,
 ) -> tuple[TopK, Tensor]:
     """The ``k`` best next items after each left-padded history, and their confidence.
 
@@ -81,11 +89,12 @@ def rank_next(
     calibration.k)`` from the features of the first ``calibration.k + 1``
     items of this same list (exclusions applied); without one,
     ``recommendation_confidence``. A calibration for lists as long as the
-    catalogue is not applied.
+    catalogue is not applied. ``index``: rank through an approximate item index
+    (``retrieval.topk``).
     """
     if calibration is None or calibration.k >= model.num_items:
-        return _rank(model, input_ids, k, times, exclude, None, None)
+        return _rank(model, input_ids, k, times, exclude, None, None, index)
     width = min(max(k, calibration.k + 1), model.num_items)
-    top, x = _rank(model, input_ids, width, times, exclude, calibration.k, item_log_count)
+    top, x = _rank(model, input_ids, width, times, exclude, calibration.k, item_log_count, index)
     confidence = calibration.probability(x).to(top.scores.device)
     return TopK(scores=top.scores[:, :k], ids=top.ids[:, :k], logsumexp=top.logsumexp), confidence

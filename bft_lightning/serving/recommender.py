@@ -33,6 +33,7 @@ from bft_lightning.utils.devices import check_device
 from .histories import EncodedHistory, check_times, left_pad, pad_times
 from .hit_calibration import ConfidenceCalibration, feature_names, fit_calibration
 from .inference import list_features, rank_next
+from .item_index import check_retrieval, open_index
 
 __all__ = ["EncodedHistory", "Recommendation", "Recommender", "UnknownItemsError"]
 
@@ -96,6 +97,7 @@ class Recommender:
         trained_with_times: whether the training data had timestamps (the
             checkpoint records it); None: not known (a checkpoint saved before
             it was recorded). See :attr:`needs_times`.
+        retrieval: ``"exact"`` or ``"faiss"`` (``serving.item_index``: ``item_index``, or built).
     """
 
     def __init__(
@@ -106,6 +108,8 @@ class Recommender:
         device: str | torch.device = "cpu",
         calibration: ConfidenceCalibration | None = None,
         trained_with_times: bool | None = None,
+        retrieval: str = "exact",
+        item_index: Any = None,
     ) -> None:
         if len(item_ids) != model.num_items + 1 or (len(item_ids) and str(item_ids[0]) != ""):
             raise ValueError(
@@ -125,15 +129,19 @@ class Recommender:
         self.trained_with_times = trained_with_times
         if calibration is not None:
             self._check_calibration(calibration, "calibration")
+        self.retrieval, self.fingerprint = check_retrieval(retrieval), None  # data's
+        self.item_index = (item_index or open_index(model)) if retrieval == "faiss" else None
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Recommender:
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
+                        retrieval: str = "exact") -> Recommender:  # fmt: skip
         """Rebuild the backbone a recommendation checkpoint was saved from, with its weights.
 
         Loaded with ``weights_only=True`` (no code runs). Raises ``ValueError``
         naming the file when it is not such a checkpoint, holds no item
         vocabulary (saved before checkpoints stored one: raw ids cannot be
-        mapped) or does not record how to build its backbone.
+        mapped) or does not record how to build its backbone. ``retrieval="faiss"``:
+        the item index saved beside the file, else one built and saved there.
         """
         device = check_device(device, "device")
         checkpoint, info = load_record(path)
@@ -172,8 +180,12 @@ class Recommender:
         if info.calibration is not None:
             calibration = ConfidenceCalibration.from_dict(info.calibration, str(path))
         timed = info.timestamps
-        return cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device,
-                   calibration, None if timed is None else bool(timed))  # fmt: skip
+        index = open_index(model, path) if check_retrieval(retrieval) == "faiss" else None
+        rec = cls(model, vocabulary["item_ids"], vocabulary["item_frequency"], device, calibration,
+                  None if timed is None else bool(timed), retrieval, index)  # fmt: skip
+        rec.fingerprint = vocabulary.get("fingerprint")
+        rec.repeat_rate = info.repeat_rate
+        return rec
 
     def _check_calibration(self, calibration: ConfidenceCalibration, source: str) -> None:
         expected = feature_names(self.model.precision)
@@ -342,9 +354,8 @@ class Recommender:
                     exclude[r, : len(row)] = torch.tensor(row)
                 exclude = exclude.to(self.device)
             stamps = None if stamps is None else stamps.to(self.device)
-            top, confidence = rank_next(self.model, ids.to(self.device), k, times=stamps,
-                                        exclude=exclude, calibration=self.calibration,
-                                        item_log_count=self._log_count)  # fmt: skip
+            rest = (stamps, exclude, self.calibration, self._log_count, self.item_index)
+            top, confidence = rank_next(self.model, ids.to(self.device), k, *rest)
             scores, items = top.scores.cpu(), top.ids.cpu()
             confidence = confidence.cpu()
             for r, i in enumerate(warm):
