@@ -268,7 +268,16 @@ def parser() -> argparse.ArgumentParser:
         "--output", required=True, help=".csv or .jsonl: user,rank,item,score,confidence"
     )
     p.add_argument("--k", type=int, default=10, help="items per user (1..num_items; default 10)")
-    p.add_argument("--exclude-seen", action="store_true", help="never recommend a history's items")
+    seen = p.add_mutually_exclusive_group()
+    seen.add_argument(
+        "--exclude-seen", dest="exclude_seen", action="store_true", default=None,
+        help="never recommend a history's items (default: the checkpoint's, from how often "
+        "its training data repeats an item; the summary says which applied)",
+    )  # fmt: skip
+    seen.add_argument(
+        "--keep-seen", dest="exclude_seen", action="store_false",
+        help="let a history's items be recommended",
+    )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=256, help="histories per batch (default 256)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument(
@@ -330,6 +339,9 @@ def run(opts: argparse.Namespace) -> str:
         k = rec.check_k(opts.k)
     except ValueError as err:
         raise InputError(f"--k {opts.k}: {err}") from None
+    from bft_lightning.retrieval.seen_default import resolve_exclude_seen
+
+    opts.exclude_seen, opts.seen_why = resolve_exclude_seen(opts.exclude_seen, rec.repeat_rate)
     return _write(rec, histories, k, opts)
 
 
@@ -375,5 +387,5 @@ def _write(rec: Recommender, histories: Iterator[History], k: int, opts: argpars
     return (
         f"recommend: {users} users, {rows.rows} rows written to {path}{replaced}; {unknown} "
         f"unknown item ids skipped in {unknown_users} histories; {cold} cold users (empty "
-        "history: popularity)"
+        f"history: popularity); {opts.seen_why}"
     )

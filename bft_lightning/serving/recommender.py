@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 
 from bft_lightning.models.base import SequentialRecommender
+from bft_lightning.retrieval.seen_default import default_exclude_seen
 from bft_lightning.utils.checkpoint_format import load_record, read_record, save_checkpoint
 from bft_lightning.utils.checkpoint_io import CheckpointLoadError, safe_load_checkpoint
 from bft_lightning.utils.checks import check_bool, check_int
@@ -34,47 +34,9 @@ from .histories import EncodedHistory, check_times, left_pad, pad_times
 from .hit_calibration import ConfidenceCalibration, feature_names, fit_calibration
 from .inference import list_features, rank_next
 from .item_index import check_retrieval, open_index
+from .lists import Recommendation, UnknownItemsError
 
 __all__ = ["EncodedHistory", "Recommendation", "Recommender", "UnknownItemsError"]
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The next items for one history, best first.
-
-    Attributes:
-        items: raw item ids, ``k`` of them (fewer only when ``exclude_seen``
-            leaves fewer than ``k`` items to recommend).
-        scores: the model's score (logit) of each item, same length; for a cold
-            user the log-probability of the item under the training popularity.
-        confidence: one float for the whole list, higher = a hit more likely. With a
-            calibrated checkpoint (``Recommender.calibration``; ``python -m
-            bft_lightning calibrate``) it is the probability that the user's next
-            item is among the first ``calibration.k`` listed; without one, the
-            model's raw signal (``docs/confidence.md``): for ``precision="off"``
-            the list's softmax mass in [0, 1], for ``precision="on"`` the filter's
-            normalised final log precision (unbounded).
-        unknown: ids of the history the checkpoint has never seen (skipped).
-        cold: True when the history was empty (popularity, see ``recommend``).
-    """
-
-    items: list[str]
-    scores: list[float]
-    confidence: float
-    unknown: tuple[str, ...] = field(default=())
-    cold: bool = False
-
-
-class UnknownItemsError(ValueError):
-    """A non-empty history none of whose item ids the checkpoint knows."""
-
-    def __init__(self, position: int, ids: Sequence[str]) -> None:
-        self.position, self.ids = position, tuple(ids)
-        shown = ", ".join(repr(i) for i in self.ids[:5]) + (", ..." if len(self.ids) > 5 else "")
-        super().__init__(
-            f"history {position}: none of its {len(self.ids)} item ids is known to the "
-            f"checkpoint ({shown})"
-        )
 
 
 def _import(class_path: str) -> type:
@@ -130,6 +92,7 @@ class Recommender:
         if calibration is not None:
             self._check_calibration(calibration, "calibration")
         self.retrieval, self.fingerprint = check_retrieval(retrieval), None  # data's
+        self.repeat_rate: float | None = None  # the training data's (from_checkpoint)
         self.item_index = (item_index or open_index(model)) if retrieval == "faiss" else None
 
     @classmethod
@@ -186,6 +149,11 @@ class Recommender:
         rec.fingerprint = vocabulary.get("fingerprint")
         rec.repeat_rate = info.repeat_rate
         return rec
+
+    @property
+    def exclude_seen_default(self) -> tuple[bool, str]:
+        """``(exclude_seen, why)`` when a caller does not say (``retrieval.seen_default``)."""
+        return default_exclude_seen(self.repeat_rate)
 
     def _check_calibration(self, calibration: ConfidenceCalibration, source: str) -> None:
         expected = feature_names(self.model.precision)
@@ -289,7 +257,7 @@ class Recommender:
         self,
         histories: Sequence[Sequence[str | int]],
         k: int = 10,
-        exclude_seen: bool = False,
+        exclude_seen: bool | None = None,
         batch_size: int = 256,
         times: Sequence[Sequence[int | float] | None] | None = None,
     ) -> list[Recommendation]:
@@ -313,14 +281,17 @@ class Recommender:
           ``max_len`` known items (BERT4Rec: ``max_len - 1`` and its mask token,
           as in training and evaluation);
           ``exclude_seen`` still excludes every item of the whole history.
+        - ``exclude_seen`` None: the checkpoint's default (:attr:`exclude_seen_default`,
+          from its training data's repeat rate). With it, fewer than ``k`` items
+          are returned only when fewer remain.
         - ``k`` must be in ``1..num_items``, else ``ValueError`` naming it.
-          With ``exclude_seen`` fewer than ``k`` items are returned only when
-          fewer remain.
 
         Runs in batches of ``batch_size`` histories, in eval mode, without
         gradients, on the recommender's device.
         """
         k = self.check_k(k)
+        if exclude_seen is None:
+            exclude_seen = self.exclude_seen_default[0]
         exclude_seen = check_bool(exclude_seen, "exclude_seen")
         if isinstance(histories, str | bytes) or not isinstance(histories, Sequence):
             raise ValueError("histories must be a list of histories (lists of item ids)")

@@ -7,8 +7,8 @@ bad request never reaches the model's batch): size, JSON, each field's type,
 ``k``'s range, the length of ``times``. A fault raises :class:`RequestError`
 with the HTTP status and a message naming the field, as ``{"error": "..."}``
 sends it. ``exclude_seen`` defaults to ``Recommender.recommend``'s own default
-(:data:`EXCLUDE_SEEN_DEFAULT`, read from its signature), so the two never
-disagree.
+(:data:`EXCLUDE_SEEN_DEFAULT`, read from its signature: None, the checkpoint's
+default from its training data's repeat rate), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .recommender import Recommender
 
 __all__ = ["EXCLUDE_SEEN_DEFAULT", "RecommendRequest", "RequestError", "parse_body"]
 
-EXCLUDE_SEEN_DEFAULT: bool = (
+EXCLUDE_SEEN_DEFAULT: bool | None = (
     inspect.signature(Recommender.recommend).parameters["exclude_seen"].default
 )
 FIELDS = ("items", "times", "k", "exclude_seen", "user")
@@ -45,7 +45,7 @@ class RecommendRequest:
     items: list[str]
     times: list[int] | None
     k: int
-    exclude_seen: bool
+    exclude_seen: bool | None
     user: str | None = None
 
     @classmethod
@@ -82,7 +82,7 @@ def _one(row: object, index: int | None, num_items: int, needs_times: bool) -> d
             400, f"{_where(index, 'k')}: expected an integer in 1..{num_items}, got {k!r}"
         )
     exclude = row.get("exclude_seen", EXCLUDE_SEEN_DEFAULT)
-    if not isinstance(exclude, bool):
+    if exclude is not None and not isinstance(exclude, bool):  # None: the checkpoint's default
         raise RequestError(400, f"{_where(index, 'exclude_seen')}: expected true or false")
     user = row.get("user")
     if user is not None:

@@ -156,6 +156,8 @@ def info_of(rec: Recommender, config: ServerConfig) -> dict[str, Any]:
         "needs_times": rec.needs_times,
         "uses_times": rec.uses_times,
         "retrieval": config.retrieval,
+        # a request without "exclude_seen" gets this, and why (retrieval.seen_default)
+        "exclude_seen_default": dict(zip(("value", "why"), rec.exclude_seen_default)),
         "confidence": rec.describe()["confidence"],
         "max_batch_size": config.max_batch_size,
         "batch_timeout": config.batch_timeout,

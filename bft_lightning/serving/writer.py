@@ -59,7 +59,8 @@ class RecommendationWriter(BasePredictionWriter):
             ``<stem>.rank<r><suffix>``.
         k: items per user, 1..num_items.
         exclude_seen: never recommend an item of the model's input window (the
-            user's last ``max_len`` items).
+            user's last ``max_len`` items); None: the checkpoint's default, from how
+            often its training data repeats an item (``retrieval.seen_default``).
         overwrite: replace an existing output file (never one of the run's inputs).
     """
 
@@ -67,7 +68,7 @@ class RecommendationWriter(BasePredictionWriter):
         self,
         output: str | None = None,
         k: int = 10,
-        exclude_seen: bool = False,
+        exclude_seen: bool | None = None,
         overwrite: bool = False,
     ) -> None:
         super().__init__(write_interval="batch")
@@ -75,7 +76,10 @@ class RecommendationWriter(BasePredictionWriter):
 
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"RecommendationWriter: k must be an integer >= 1, got {k!r}")
-        self.exclude_seen = check_bool(exclude_seen, "RecommendationWriter: exclude_seen")
+        self.exclude_seen = (
+            None if exclude_seen is None
+            else check_bool(exclude_seen, "RecommendationWriter: exclude_seen")
+        )  # fmt: skip
         self.overwrite = check_bool(overwrite, "RecommendationWriter: overwrite")
         self.output, self.k = output, k
         self._inputs: list[str] = []

@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from bft_lightning.losses import LOSSES, batch_loss, build_loss, check_normalization
@@ -386,6 +387,7 @@ class SequentialRecommendation(L.LightningModule):
         # a calibrated confidence (python -m bft_lightning calibrate) is used by predict;
         # it is not saved again: new weights need a new calibration
         record = read_record(checkpoint)
+        self.trained_repeat_rate = None if record is None else record.repeat_rate
         calibration = None if record is None else record.calibration
         if calibration is not None:
             from bft_lightning.serving.hit_calibration import ConfidenceCalibration
@@ -401,7 +403,8 @@ class SequentialRecommendation(L.LightningModule):
 
     # -- prediction ---------------------------------------------------------------------
     predict_k: int = 10  # set by RecommendationWriter
-    predict_exclude_seen: bool = False
+    predict_exclude_seen: bool | None = None  # None: the checkpoint's default
+    trained_repeat_rate: float | None = None  # from the checkpoint's record
     confidence_calibration: Any = None  # a serving.hit_calibration.ConfidenceCalibration
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
@@ -416,7 +419,7 @@ class SequentialRecommendation(L.LightningModule):
 
         batch = trim_left_padding(batch, keep_one=True)
         ids = batch["input_ids"]
-        exclude = ids if self.predict_exclude_seen else None
+        exclude = ids if self._predict_exclude_seen() else None
         log_count = None
         if self.confidence_calibration is not None:
             freq = self._item_frequency()
@@ -428,6 +431,15 @@ class SequentialRecommendation(L.LightningModule):
                                     log_count)  # fmt: skip
         return {"user": batch["user"], "items": top.ids, "scores": top.scores,
                 "confidence": confidence}  # fmt: skip
+
+    def _predict_exclude_seen(self) -> bool:
+        """The writer's choice, else the checkpoint's default (said once, at the first batch)."""
+        if self.predict_exclude_seen is None:
+            from bft_lightning.retrieval.seen_default import default_exclude_seen
+
+            self.predict_exclude_seen, why = default_exclude_seen(self.trained_repeat_rate)
+            rank_zero_info(f"predict: {why} (RecommendationWriter's exclude_seen decides)")
+        return bool(self.predict_exclude_seen)
 
     def check_checkpoint(self, checkpoint: dict[str, Any], source: str = "checkpoint") -> None:
         """Raise a clear ``ValueError`` if ``checkpoint`` cannot be this model's.
