@@ -96,7 +96,16 @@ MODELS = {  # Llama-style sizes (the vocabulary is the generator's, 284 ids)
         num_attention_heads=4,
         num_key_value_heads=4,
     ),
+    # 10.7M parameters: the size a GPU trains in minutes (bench/gpu/lm_study.sh)
+    "d384": dict(
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+    ),
 }
+ACCELERATOR = "cpu"  # --accelerator: every Trainer of this script runs there
 DATA = dict(
     num_train=2000,
     num_val=100,
@@ -111,7 +120,7 @@ DATA = dict(
 
 def _trainer(work: Path, **kw: Any) -> L.Trainer:
     return L.Trainer(
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
         devices=1,
         logger=False,
         enable_checkpointing=False,
@@ -222,14 +231,18 @@ def gain_by_corruption(task: LanguageSFT, dm: SyntheticQADataModule, n: int = 10
     ``token``: the position that reads the answer token (the corrupted token itself
     when the noise is in the inputs, else the clean one).
     """
-    model = task.model.eval()
+    device = "cuda" if ACCELERATOR in ("gpu", "cuda") else "cpu"
+    model = task.model.eval().to(device)  # Lightning hands the model back on the CPU
     items = dm.encoded["train"][:n]  # examples with and without corrupted labels
     if not any(e.corrupted for e in items):
         return {}
     set_recording(model, True)
     acc: dict[str, list[list[float]]] = {}
     for i in range(0, len(items), 64):
-        b = collate_synthetic(items[i : i + 64])
+        b = {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v
+            for k, v in collate_synthetic(items[i : i + 64]).items()
+        }
         model(b["input_ids"], b["attention_mask"])
         answer = (b["labels"] != -100).clone()
         eos = b["labels"] == 2
@@ -411,6 +424,9 @@ def _rows(runs: list[dict], task: str) -> list[dict]:
                 "noise": noise,
                 "distractors": k,
                 "seeds": sorted(r["seed"] for r in rs),
+                # the model's size (the pretraining's own record; None for runs without one)
+                "model": rs[0].get("model"),
+                "params": rs[0].get("pretrain", {}).get("params"),
                 "em": em,
                 "f1": f1,
                 "paired_delta_em": d,
@@ -606,9 +622,14 @@ def main() -> None:
     p.add_argument("--fact-order", default=DATA["fact_order"], choices=FACT_ORDERS)
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th run from the i-th")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--accelerator", default="cpu", help="the Trainers' accelerator (cpu, gpu, auto)"
+    )
     p.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no run after this")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    global ACCELERATOR
+    ACCELERATOR = a.accelerator
     DATA.update(
         max_value_words=a.value_words,
         facts_per_passage=a.facts,

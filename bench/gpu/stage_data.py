@@ -1,0 +1,88 @@
+"""Copy the datasets a GPU script needs into the tree's ignored carry folder.
+
+The GPU machine runs on a copy of the working tree without ``../shared``, so the
+interaction files travel inside the tree, in ``.gpu_carry/data/<folder>/`` (ignored by
+git; name ``.gpu_carry`` in the run's ``carry`` list). Each dataset is named by its
+``configs/data/<name>.yaml`` (``beauty``, ``sports``, ...) or by its folder under the
+data root (``amazon-beauty-s3rec``); only the interaction file and its provenance are
+copied (the attribute files are not read by training).
+
+    python bench/gpu/stage_data.py beauty sports           # from ../shared/data
+    python bench/gpu/stage_data.py --campaign              # every dataset of campaign.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+CARRY = ROOT / ".gpu_carry"
+DEST = CARRY / "data"
+
+
+def source_root() -> Path:
+    """``$BFT_SHARED_DATA``, else ``../shared/data`` beside the repository."""
+    return Path(os.environ.get("BFT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def folder_of(name: str) -> str:
+    """The data-root folder of ``name``: a ``configs/data`` config's ``dataset:``, or itself."""
+    config = ROOT / "configs" / "data" / f"{name}.yaml"
+    if config.is_file():
+        for line in config.read_text().splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "dataset" and value.strip():
+                return value.strip()
+    return name
+
+
+def stage(names: list[str], source: Path, dest: Path = DEST) -> list[Path]:
+    """Copy each dataset's interaction file (and PROVENANCE.md) to ``dest/<folder>/``."""
+    from bft_lightning.datamodules.registry import KNOWN_DATASETS
+
+    copied = []
+    for name in dict.fromkeys(names):
+        folder = folder_of(name)
+        if folder == "synthetic":  # generated in memory: nothing to carry
+            continue
+        src = source / folder
+        if not src.is_dir():
+            raise SystemExit(f"stage_data: no dataset folder {src} (for {name!r})")
+        spec = KNOWN_DATASETS.get(folder)
+        wanted = [spec.filename, "PROVENANCE.md"] if spec else [p.name for p in src.iterdir()]
+        if spec and not (src / spec.filename).is_file():
+            raise SystemExit(f"stage_data: {src / spec.filename} is missing")
+        (dest / folder).mkdir(parents=True, exist_ok=True)
+        for file in wanted:
+            if (src / file).is_file():
+                shutil.copy2(src / file, dest / folder / file)
+                copied.append(dest / folder / file)
+    return copied
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("names", nargs="*", help="configs/data names or data-root folders")
+    p.add_argument("--campaign", action="store_true", help="every dataset of campaign.txt")
+    p.add_argument("--source", type=Path, default=None, help="default: ../shared/data")
+    p.add_argument("--dest", type=Path, default=DEST)
+    args = p.parse_args()
+    names = list(args.names)
+    if args.campaign:
+        import campaign
+
+        names += [s.dataset for s in campaign.read_steps(campaign.CAMPAIGN)]
+    if not names:
+        p.error("name at least one dataset, or --campaign")
+    files = stage(names, args.source or source_root(), args.dest)
+    size = sum(f.stat().st_size for f in files)
+    print(f"staged {len(files)} files ({size / 2**20:.1f} MiB) under {args.dest}")
+
+
+if __name__ == "__main__":
+    main()
