@@ -28,16 +28,25 @@ read -r -a SEEDS <<<"${BFT_CAMPAIGN_SEEDS:-0 1 2}"
 EPOCHS="${BFT_CAMPAIGN_MAX_EPOCHS:-200}"
 RETRAIN="${BFT_CAMPAIGN_RETRAIN:-6}"
 read -r -a EXTRA <<<"${BFT_CAMPAIGN_OVERRIDES:-}"
+RESULTS_DIR="$REPO/results/rec"
+RUNS_DIR="$REPO/logs/tune_twins"
+if [ "$TINY" = "1" ]; then  # a CPU check leaves the tree's results alone
+  TMP_ROOT="$(mktemp -d)"
+  RESULTS_DIR="$TMP_ROOT/rec"
+  RUNS_DIR="$TMP_ROOT/runs"
+fi
+WHERE=(--results "$RESULTS_DIR" --runs "$RUNS_DIR")
 MARKER="$(mktemp)"
 touch "$MARKER"
 sleep 1  # the marker strictly older than anything the run writes
 HALF=$(((JOBS + 1) / 2))
 COMMON=(--trials "$TRIALS" --seeds "${SEEDS[@]}" --max-epochs "$EPOCHS" --accelerator "$ACCELERATOR"
-  --loss-normalization rows --data-root "$BFT_DATA_ROOT" "${EXTRA[@]}")
+  --loss-normalization rows --data-root "$BFT_DATA_ROOT" --results-dir "$RESULTS_DIR"
+  --runs-dir "$RUNS_DIR" "${EXTRA[@]}")
 DONE_STEPS=()
 
 while :; do
-  STEP=$("$PY" bench/gpu/campaign.py next --seeds "${SEEDS[@]}" 2>>"$LOG")
+  STEP=$("$PY" bench/gpu/campaign.py next "${WHERE[@]}" --seeds "${SEEDS[@]}" 2>>"$LOG")
   if [ -z "$STEP" ]; then
     log "no pending step: the campaign is complete"
     break
@@ -64,7 +73,7 @@ while :; do
     done
     wait
   fi
-  if "$PY" bench/gpu/campaign.py next --seeds "${SEEDS[@]}" 2>>"$LOG" | grep -q "^$DATASET $BACKBONE $NOISE $SPACE "; then
+  if "$PY" bench/gpu/campaign.py next "${WHERE[@]}" --seeds "${SEEDS[@]}" 2>>"$LOG" | grep -q "^$DATASET $BACKBONE $NOISE $SPACE "; then
     log "step $NAME not finished in this call: it continues in the next"
     break
   fi
@@ -74,7 +83,7 @@ done
 MANIFEST=$(printf '{"kind": "campaign", "finished": "%s", "trials": %s, "seeds": "%s", "tiny": %s, "versions": "%s", "command": "bash bench/gpu/campaign.sh"}' \
   "${DONE_STEPS[*]:-}" "$TRIALS" "${SEEDS[*]}" "$([ "$TINY" = "1" ] && echo true || echo false)" \
   "$(tail -n 1 "$OUT/versions.txt" | tr -d '"\\')")
-stage pack 60 "$PY" bench/gpu/campaign.py pack --since "$MARKER" --archive "$OUT/campaign.tar.gz" --manifest "$MANIFEST"
-"$PY" bench/gpu/campaign.py status --seeds "${SEEDS[@]}" 2>&1 | tee -a "$LOG"
+stage pack 60 "$PY" bench/gpu/campaign.py pack "${WHERE[@]}" --since "$MARKER" --archive "$OUT/campaign.tar.gz" --manifest "$MANIFEST"
+"$PY" bench/gpu/campaign.py status "${WHERE[@]}" --seeds "${SEEDS[@]}" 2>&1 | tee -a "$LOG"
 rm -f "$MARKER"
 log "finished: steps completed in this call: ${DONE_STEPS[*]:-none}"

@@ -24,8 +24,10 @@
 source "$(dirname "$0")/env.sh"
 BUDGET="${BFT_GPU_BUDGET_S:-540}"
 MODEL="${BFT_LM_MODEL:-d384}"
-LM_OUT="${BFT_LM_OUT:-$REPO/results/lm/gpu}"
 WORK="$(mktemp -d)"
+LM_OUT="$REPO/results/lm/gpu"
+[ "$TINY" = "1" ] && LM_OUT="$WORK/gpu"  # a CPU check leaves the tree's results alone
+LM_OUT="${BFT_LM_OUT:-$LM_OUT}"
 read -r -a SEEDS <<<"${BFT_LM_SEEDS:-0 1 2}"
 read -r -a METHODS <<<"${BFT_LM_METHODS:-off bft focal label_smoothing}"
 read -r -a NOISE <<<"${BFT_LM_NOISE:-0 0.3}"
