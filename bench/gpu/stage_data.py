@@ -46,8 +46,8 @@ def stage(names: list[str], source: Path, dest: Path = DEST) -> list[Path]:
     from bft_lightning.datamodules.registry import KNOWN_DATASETS
 
     copied = []
-    for name in dict.fromkeys(names):
-        folder = folder_of(name)
+    folders = {folder_of(name): name for name in reversed(names)}  # one copy per folder
+    for folder, name in reversed(folders.items()):
         if folder == "synthetic":  # generated in memory: nothing to carry
             continue
         src = source / folder
