@@ -1,19 +1,24 @@
 # Shared set-up of the GPU scripts (bench/gpu/*.sh); sourced, not run.
 #
-# What it assumes of the GPU machine: Linux x86-64 with an NVIDIA driver, python3 >= 3.10
-# with venv, and pip able to reach PyPI (the default torch wheel there is a CUDA build,
-# Triton included). It sets up, in the repository root of the machine's copy of the tree:
+# What it assumes of the GPU machine: Linux x86-64, one NVIDIA GPU, no network, and the
+# device image's `python3` (Python 3.12 with PyTorch, Triton, Lightning, torchmetrics,
+# TensorBoard, matplotlib, pyarrow, tokenizers, safetensors). The packages the project
+# needs beyond those (jsonargparse and Optuna, with their own needs) travel as wheels in
+# .gpu_carry/wheels, fetched here by `python bench/gpu/stage_data.py --wheels`; they are
+# installed into /tmp/site, and the package itself runs from the tree (PYTHONPATH), not
+# installed. It sets up:
 #
-#   $PY        the Python every stage runs (a fresh .gpu_venv; or $BFT_GPU_PYTHON)
+#   $PY        the Python every stage runs
 #   $OUT       where the results go (the device machine sets it; default .gpu_out)
 #   $LOG       $OUT/<script>.log, everything the stages print
 #   stage S N CMD...   run CMD under `timeout N`, its output appended to $LOG; a stage
 #                      that fails or runs out of time is logged and the script goes on
 #
 # Environment:
-#   BFT_GPU_TINY=1          a CPU check at tiny sizes (seconds): no install, device cpu
-#   BFT_GPU_SKIP_INSTALL=1  use $BFT_GPU_PYTHON (or .gpu_venv, e.g. a carried one) as is
-#   BFT_GPU_PYTHON          the interpreter to use (default: .gpu_venv/bin/python)
+#   BFT_GPU_TINY=1          a CPU check at tiny sizes: this checkout's .venv, device cpu
+#   BFT_GPU_PYTHON          the interpreter (default: python3; tiny: .venv/bin/python)
+#   BFT_GPU_INSTALL=pypi    a machine with network: a fresh .gpu_venv, the project and a
+#                           CUDA torch from PyPI (the one install line, INSTALL below)
 #   BFT_GPU_JOBS            concurrent jobs where a script runs several (default: 12)
 
 set -u
@@ -29,8 +34,10 @@ JOBS="${BFT_GPU_JOBS:-12}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY=PASSIVE
 export BFT_DATA_ROOT="$REPO/.gpu_carry/data"  # staged by bench/gpu/stage_data.py
 T_START=$(date +%s)
-# the one install line: torch at the version the project pins, from PyPI (a CUDA build)
+# the one install line, for a machine with network (BFT_GPU_INSTALL=pypi): torch at the
+# version the project pins, from PyPI (a CUDA build), and the project with its extras
 INSTALL=(-m pip install -q "torch==2.13.0" -e ".[tune,lm,triton]")
+WHEELS="$REPO/.gpu_carry/wheels"
 
 log() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - T_START))s] $*" | tee -a "$LOG"; }
 
@@ -59,14 +66,22 @@ if [ "$TINY" = "1" ]; then
   DEVICE=cpu
   ACCELERATOR=cpu
 else
-  PY="${BFT_GPU_PYTHON:-$REPO/.gpu_venv/bin/python}"
   DEVICE=cuda
   ACCELERATOR=gpu
-  if [ "${BFT_GPU_SKIP_INSTALL:-0}" != "1" ]; then
-    if [ ! -x "$PY" ]; then
-      stage venv 60 python3 -m venv "$REPO/.gpu_venv"
-    fi
+  if [ "${BFT_GPU_INSTALL:-image}" = "pypi" ]; then
+    PY="${BFT_GPU_PYTHON:-$REPO/.gpu_venv/bin/python}"
+    [ -x "$PY" ] || stage venv 60 python3 -m venv "$REPO/.gpu_venv"
     stage install 240 "$PY" "${INSTALL[@]}"
+  else
+    PY="${BFT_GPU_PYTHON:-python3}"
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+      stage wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl
+      export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    else
+      log "no wheels in $WHEELS: the image's packages only (stage them: stage_data.py --wheels)"
+    fi
   fi
 fi
 
