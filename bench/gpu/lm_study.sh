@@ -3,7 +3,7 @@
 # one device command (default budget 540 s of the 600 s limit).
 #
 # 1. pre-trains the shared base (bench/lm_synthetic.py --stage pretrain; model d384,
-#    10.7M parameters) on the task's passages;
+#    10.8M parameters) on the task's passages;
 # 2. runs the SFT grid from it: off, bft, focal, label_smoothing x label noise 0, 0.3 x
 #    distractors 0, 4 x seeds 0, 1, 2 (48 runs), in BFT_GPU_JOBS shards at once on the
 #    one GPU (1 CPU thread each); the off twin, the baseline, is trained in the same call

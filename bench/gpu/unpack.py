@@ -53,8 +53,8 @@ def _merge(src: Path, dest: Path) -> list[Path]:
 
 def _check_tiny(manifest: dict, root: Path, archive: Path) -> None:
     if manifest.get("tiny") and root.resolve() == ROOT:
-        print(f"{archive} comes from a CPU check (BFT_GPU_TINY=1): not unpacked into this "
-              "repository's results (pass --root to unpack it elsewhere)", file=sys.stderr)  # fmt: skip
+        why = "comes from a CPU check (BFT_GPU_TINY=1): not unpacked into this repository's"
+        print(f"{archive} {why} results (pass --root to unpack it elsewhere)", file=sys.stderr)
         raise SystemExit(2)
 
 

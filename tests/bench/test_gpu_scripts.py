@@ -46,7 +46,8 @@ def _fake_shared(tmp: Path) -> Path:
 
 def test_stage_copies_the_interaction_files_by_config_name(tmp_path: Path) -> None:
     dest = tmp_path / "carry" / "data"
-    files = stage_data.stage(["beauty", "amazon-beauty-s3rec", "synthetic"], _fake_shared(tmp_path), dest)
+    names = ["beauty", "amazon-beauty-s3rec", "synthetic"]  # one folder, and none
+    files = stage_data.stage(names, _fake_shared(tmp_path), dest)
     assert sorted(f.relative_to(dest).as_posix() for f in files) == [
         "amazon-beauty-s3rec/Beauty.txt", "amazon-beauty-s3rec/PROVENANCE.md",
     ]  # fmt: skip
@@ -216,7 +217,8 @@ def test_lm_unpack_merges_runs_and_reports_params(tmp_path: Path) -> None:
     unpack.lm_study(archive, tmp_path)
     rows = json.loads((dest.parent / "summary.json").read_text())
     assert [(r["method"], r["params"], r["model"]) for r in rows] == [
-        ("off", 10_700_000, "d384"), ("bft", 10_700_000, "d384")
+        ("off", 10_700_000, "d384"),
+        ("bft", 10_700_000, "d384"),
     ]
     assert rows[1]["paired_delta_em"] == pytest.approx(0.25)
     assert "d384, 10,700,000 parameters" in (dest.parent / "synthetic_tables.md").read_text()
@@ -227,7 +229,7 @@ def test_the_lm_preset_has_5_to_30m_parameters() -> None:
 
     cfg = lm_synthetic.MODELS["d384"]
     d, f, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    params = n * (4 * d * d + 3 * d * f) + 2 * 284 * d  # attention, SwiGLU, embeddings
+    params = n * (4 * d * d + 3 * d * f) + 2 * 284 * d  # attention, SwiGLU, embeddings: 10.8M
     assert 5e6 <= params <= 30e6
 
 
