@@ -19,6 +19,7 @@ import argparse
 import io
 import json
 import os
+import sqlite3
 import tarfile
 import time
 from dataclasses import dataclass
@@ -88,9 +89,39 @@ def is_done(step: Step, seeds: list[int], results: Path = RESULTS) -> bool:
     return bool(rows) and all(set(seeds) <= set(r.get("seeds") or []) for r in rows)
 
 
+def study_config(path: Path) -> str | None:
+    """The ``--config`` a stored study was made with (its ``bft_tune`` record), if any."""
+    if not path.is_file():
+        return None
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        row = db.execute(
+            "select value_json from study_user_attributes where key = 'bft_tune'"
+        ).fetchone()
+    args = json.loads(row[0]).get("fit_args", []) if row else []
+    return args[args.index("--config") + 1] if "--config" in args else None
+
+
+def started_elsewhere(step: Step, results: Path = RESULTS, root: Path = ROOT) -> bool:
+    """Whether a twin's study of the step was made from another checkout: a stored
+    study continues only with the same fit arguments (``tune`` refuses others), and
+    they name the experiment config by its path, so such a step stays with the
+    machine that started it."""
+    space = "" if step.space == step.backbone else f"_{step.space}"
+    for twin in ("off", "on"):
+        db = results / "tune" / f"{step.dataset}_{step.backbone}{space}_{twin}.db"
+        config = study_config(db)
+        if config is not None and not config.startswith(str(root / "configs") + os.sep):
+            return True
+    return False
+
+
 def next_pending(steps: list[Step], seeds: list[int], results: Path = RESULTS) -> Step | None:
-    """The first step not done, in the campaign's order; None when all are."""
-    return next((s for s in steps if not is_done(s, seeds, results)), None)
+    """The first step neither done nor started from another checkout, in the
+    campaign's order; None when there is none."""
+    return next(
+        (s for s in steps if not is_done(s, seeds, results) and not started_elsewhere(s, results)),
+        None,
+    )
 
 
 def _newer(root: Path, since: float) -> list[Path]:
@@ -145,7 +176,10 @@ def main() -> None:
             print(step.dataset, step.backbone, f"{step.noise:g}", step.space, step.name)
     elif args.action == "status":
         for s in steps:
-            print(f"{'done   ' if is_done(s, args.seeds, args.results) else 'pending'} {s.name}")
+            state = "done" if is_done(s, args.seeds, args.results) else "pending"
+            if state == "pending" and started_elsewhere(s, args.results):
+                state = "started elsewhere"
+            print(f"{state:17} {s.name}")
     else:
         if args.since is None or args.archive is None:
             p.error("pack needs --since and --archive")

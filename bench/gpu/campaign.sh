@@ -16,16 +16,16 @@
 # in the same call as BFT, as every step of tune_twins does.
 #
 # Environment (besides bench/gpu/env.sh's): BFT_GPU_BUDGET_S (540), BFT_CAMPAIGN_TRIALS
-# (24), BFT_CAMPAIGN_SEEDS ("0 1 2"), BFT_CAMPAIGN_MAX_EPOCHS (200), BFT_CAMPAIGN_RETRAIN
+# (10), BFT_CAMPAIGN_SEEDS ("0 1 2"), BFT_CAMPAIGN_MAX_EPOCHS (100), BFT_CAMPAIGN_RETRAIN
 # (parallel retraining processes, 6), BFT_CAMPAIGN_OVERRIDES (extra tune_twins options),
 # BFT_GPU_CAMPAIGN (the campaign file).
 # Unpack what comes back here: python bench/gpu/unpack.py <files_at>
 
 source "$(dirname "$0")/env.sh"
 BUDGET="${BFT_GPU_BUDGET_S:-540}"
-TRIALS="${BFT_CAMPAIGN_TRIALS:-24}"
+TRIALS="${BFT_CAMPAIGN_TRIALS:-10}"
 read -r -a SEEDS <<<"${BFT_CAMPAIGN_SEEDS:-0 1 2}"
-EPOCHS="${BFT_CAMPAIGN_MAX_EPOCHS:-200}"
+EPOCHS="${BFT_CAMPAIGN_MAX_EPOCHS:-100}"
 RETRAIN="${BFT_CAMPAIGN_RETRAIN:-6}"
 read -r -a EXTRA <<<"${BFT_CAMPAIGN_OVERRIDES:-}"
 RESULTS_DIR="$REPO/results/rec"

@@ -47,12 +47,12 @@ if [ -f "$WORK/pretrain-$MODEL.json" ]; then
   SFT=(--stage sft --sft-steps "${BFT_LM_SFT_STEPS:-400}" --lr "${BFT_LM_LR:-1e-3}"
     --methods "${METHODS[@]}" --noise "${NOISE[@]}" --distractors "${DISTRACTORS[@]}"
     --seeds "${SEEDS[@]}" --threads 1 --stop-at "$STOP")
-  LIMIT=$(($(left "$BUDGET") - 45))
+  LIMIT=$(($(left "$BUDGET") - 120))
   for i in $(seq 0 $((JOBS - 1))); do
     stage "sft-$i/$JOBS" "$LIMIT" "$PY" bench/lm_synthetic.py "${COMMON[@]}" "${SFT[@]}" --shard "$i/$JOBS" &
   done
   wait
-  stage report 30 "$PY" bench/lm_synthetic.py "${COMMON[@]}" --stage report
+  stage report 90 "$PY" bench/lm_synthetic.py "${COMMON[@]}" --stage report
   cp "$WORK/pretrain-$MODEL.json" "$LM_OUT/pretrain-$MODEL.json"
 else
   log "no pretrained base: the SFT grid was not run"

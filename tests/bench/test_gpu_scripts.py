@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -278,6 +279,7 @@ def test_lm_study_script_tiny(tmp_path: Path) -> None:
 def test_campaign_script_tiny(tmp_path: Path) -> None:
     steps = _write(tmp_path / "campaign.txt", "synthetic sasrec 0.0 sasrec\n")
     tiny = ("--override=--trainer.limit_train_batches=4 --override=--trainer.limit_val_batches=1 "
+            "--override=--trainer.check_val_every_n_epoch=1 "
             "--override=--data.init_args.synthetic_users=600 "
             "--override=--data.init_args.synthetic_items=200")  # fmt: skip
     _run("campaign.sh", tmp_path / "out", BFT_GPU_CAMPAIGN=str(steps), BFT_CAMPAIGN_TRIALS="2",
@@ -288,3 +290,24 @@ def test_campaign_script_tiny(tmp_path: Path) -> None:
     assert {(r["variant"], tuple(r["seeds"])) for r in summary} == {("off", (0,)), ("on", (0,))}
     assert (tmp_path / "results" / "rec" / "tune" / "synthetic_sasrec_off.db").is_file()
     assert list((tmp_path / "logs" / "tune_twins").glob("synthetic_sasrec_t2/*_s0/ranks.npy"))
+
+
+def _study_db(path: Path, config: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as db:
+        db.execute("create table study_user_attributes (key text, value_json text)")
+        meta = {"fit_args": ["--config", config, "--trainer.max_epochs=100"]}
+        db.execute("insert into study_user_attributes values ('bft_tune', ?)", [json.dumps(meta)])
+
+
+def test_a_step_started_from_another_checkout_is_left_to_it(tmp_path: Path) -> None:
+    steps = campaign.read_steps(GPU / "campaign.txt")
+    res = tmp_path / "rec"
+    # beauty's clean study, made elsewhere: its noisy rows retrain that study's choice
+    _study_db(res / "tune" / "beauty_sasrec_sasrec_ss256_on.db",
+              "/elsewhere/configs/experiments/sasrec_on_beauty.yaml")  # fmt: skip
+    _study_db(res / "tune" / "lastfm_sasrec_sasrec_ss256_off.db",
+              str(ROOT / "configs" / "experiments" / "sasrec_off_lastfm.yaml"))  # fmt: skip
+    assert campaign.started_elsewhere(steps[0], res) and campaign.started_elsewhere(steps[1], res)
+    assert not campaign.started_elsewhere(steps[2], res)  # this checkout's: it continues
+    assert campaign.next_pending(steps, [0, 1, 2], res) == steps[2]
