@@ -197,8 +197,8 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
             rows.append({**row, "protocol": protocol})
     rr.write_markdown(shown, rows, out.with_suffix(".md"))
     first = [r for r in rows if r["protocol"] == rows[0]["protocol"]]
-    rr.plot(first, out.with_suffix(".png"),
-            f"{args.backbone} on {args.dataset}, tuned twins" + rr.protocol_note(first))  # fmt: skip
+    title = f"{args.backbone} on {args.dataset}, tuned twins" + rr.protocol_note(first)
+    rr.plot(first, out.with_suffix(".png"), title)
     studies = ["", "## The studies", "",
                f"Each twin searched its space with TPE (sampler seed {args.sampler_seed}), "
                f"{args.trials} trials, pruner {args.pruner}; the best trial's values were "

@@ -113,6 +113,7 @@ class RecommendAPI(ls.LitAPI):
         failed: dict[int, tuple[int, Any]] = {}
         groups: dict[tuple[int, bool, bool], list[tuple[int, int, EncodedHistory]]]
         groups = defaultdict(list)
+        default_seen = rec.exclude_seen_default[0]  # a body without "exclude_seen" gets it
         for i, (request, rows) in enumerate(zip(requests, bodies, strict=True)):
             for j, body in enumerate(rows):
                 try:
@@ -122,7 +123,8 @@ class RecommendAPI(ls.LitAPI):
                     detail = str(err).split(": ", 1)[-1]
                     failed[i] = (422, {"error": f"{where}field 'items': {detail}"})
                     break
-                key = (body.k, body.exclude_seen, encoded.times is not None)
+                exclude = default_seen if body.exclude_seen is None else body.exclude_seen
+                key = (body.k, exclude, encoded.times is not None)
                 groups[key].append((i, j, encoded))
         results: dict[tuple[int, int], Recommendation] = {}
         for (k, exclude_seen, _), members in groups.items():
