@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.nn.kernels import KERNELS
 
-from .outputs import check_output_path
 from .recommender import Recommender
 
 __all__ = ["ExportError", "UserVector", "export", "export_safe", "onnx_topk"]
@@ -159,14 +158,40 @@ def _verify(wrapper: nn.Module, path: Path, rec: Recommender, with_times: bool) 
     return None
 
 
-def export(rec: Recommender, checkpoint: str | Path, output: str | Path) -> Path:
+def output_files(output: str | Path, checkpoint: str | Path, overwrite: bool = False) -> list[Path]:
+    """The files ``export`` writes into the folder ``output``, each through the one output
+    guard (``utils.outputs``): never the checkpoint, an existing file only with
+    ``overwrite``; a missing folder is made, in an existing, writable parent."""
+    from bft_lightning.utils.outputs import OutputPathError, check_output, same_file
+
+    out = Path(output)
+    if not out.exists():
+        check_output(out, [checkpoint], False, "--output")  # its parent: there, writable
+        for name in FILES:
+            if same_file(out / name, checkpoint):
+                raise OutputPathError(
+                    f"--output {out / name}: is one of the command's inputs ({checkpoint}); "
+                    "it is never overwritten: write the output to another folder"
+                )
+        return [out / name for name in FILES]
+    if not out.is_dir():
+        raise OutputPathError(f"--output {output}: exists and is not a folder")
+    for name in FILES:
+        check_output(out / name, [checkpoint], overwrite, "--output")
+    return [out / name for name in FILES]
+
+
+def export(
+    rec: Recommender, checkpoint: str | Path, output: str | Path, overwrite: bool = False
+) -> Path:
     """Write the ONNX graph and the files beside it into the folder ``output``.
 
     Raises ``ExportError`` (one line: the backbone and the reason) when the graph
-    cannot be exported, ``ValueError`` when a file would replace the checkpoint.
+    cannot be exported, ``ValueError`` when a file would replace the checkpoint or an
+    existing file without ``overwrite``.
     """
     out = Path(output)
-    paths = [check_output_path(out / name, [checkpoint]) for name in FILES]
+    paths = output_files(out, checkpoint, overwrite)
     model = rec.model.eval()
     with_times = rec.uses_times
     wrapper = UserVector(model, with_times).eval()

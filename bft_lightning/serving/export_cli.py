@@ -26,6 +26,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ckpt_path", required=True, help="a SequentialRecommendation checkpoint")
     p.add_argument("--output", required=True, help="the folder to write (created if needed)")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the files of an earlier export in --output (never the checkpoint)",
+    )  # fmt: skip
     return p
 
 
@@ -36,16 +40,21 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
-    from .export import export
+    from .export import export, output_files
     from .recommender import Recommender
 
+    try:  # before any work: never over the checkpoint, an earlier export only if asked
+        output_files(opts.output, opts.ckpt_path, opts.overwrite)
+    except ValueError as err:
+        print(f"error: {err}".splitlines()[0], file=sys.stderr)
+        return 2
     try:
         rec = Recommender.from_checkpoint(opts.ckpt_path)
     except (ValueError, OSError) as err:
         print(f"error: --ckpt_path {err}".splitlines()[0], file=sys.stderr)
         return 2
     try:
-        out = export(rec, opts.ckpt_path, opts.output)
+        out = export(rec, opts.ckpt_path, opts.output, opts.overwrite)
     except ValueError as err:  # ExportError, an output over an input
         print(f"error: {err}".splitlines()[0], file=sys.stderr)
         return 2

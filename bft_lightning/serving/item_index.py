@@ -16,8 +16,6 @@ from pathlib import Path
 from bft_lightning.models.base import SequentialRecommender
 from bft_lightning.retrieval.faiss_index import FaissConfig, ItemIndex
 
-from .outputs import check_output_path
-
 __all__ = ["RETRIEVALS", "check_retrieval", "index_path_for", "open_index"]
 
 RETRIEVALS = ("exact", "faiss")
@@ -52,8 +50,11 @@ def open_index(
     index = ItemIndex.build(model, config)
     if target is not None:
         inputs = [] if checkpoint is None else [checkpoint]
+        from bft_lightning.utils.outputs import check_output
+
         try:
-            index.save(check_output_path(target, inputs))
-        except OSError as err:  # a read-only folder: serve from memory, build again next time
+            check_output(target, inputs, False, "item index")
+            index.save(target)
+        except (OSError, ValueError) as err:  # a read-only folder: serve from memory
             print(f"note: item index not saved to {target}: {err}", file=sys.stderr)
     return index

@@ -103,5 +103,15 @@ def test_export_safe_forms_give_the_same_eval_outputs(name: str) -> None:
 def test_export_refuses_to_overwrite_the_checkpoint(tmp_path) -> None:
     rec = _recommender("sasrec", "off")
     ckpt = tmp_path / "onnx" / "model.onnx"
-    with pytest.raises(ValueError, match="would overwrite an input"):
+    with pytest.raises(ValueError, match="is one of the command's inputs"):
         export(rec, ckpt, tmp_path / "onnx")
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"weights")
+    with pytest.raises(ValueError, match="is one of the command's inputs"):
+        export(rec, ckpt, tmp_path / "onnx", overwrite=True)  # not even with --overwrite
+    assert ckpt.read_bytes() == b"weights"
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "items.npy").write_bytes(b"an earlier export")
+    with pytest.raises(ValueError, match="pass --overwrite"):
+        export(rec, tmp_path / "x.ckpt", tmp_path / "earlier")
+    assert (tmp_path / "earlier" / "items.npy").read_bytes() == b"an earlier export"
