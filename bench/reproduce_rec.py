@@ -160,7 +160,43 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     np.save(out / "item_frequency.npy", cli.datamodule.item_frequency.numpy())
     write_text_atomic(done, json.dumps(summary, indent=1))  # last: marks the run finished
     lock.unlink(missing_ok=True)
+    archive_run(out, Path(args.results_dir))
     return summary
+
+
+def archive_run(out: Path, results_dir: Path) -> Path:
+    """A finished run's results, small enough to commit: ``<results>/runs/<table>/<run>/``
+    with its summary, per-user test ranks under each convention with the targets,
+    history lengths and item counts (compressed), the layer gains and the resolved
+    config. Run folders (checkpoints) do not survive a change of machine; these do,
+    and :func:`load_runs` rebuilds every table from them."""
+    dest = results_dir / "runs" / out.parent.name / out.name
+    dest.mkdir(parents=True, exist_ok=True)
+    arrays = {name.removesuffix(".npy"): np.load(out / name)
+              for name in (*RANK_FILES.values(), "targets.npy", "history_len.npy",
+                           "item_frequency.npy") if (out / name).exists()}  # fmt: skip
+    np.savez_compressed(dest / "arrays.npz", **arrays)
+    write_text_atomic(dest / "layer_gain.json", json.dumps(layer_gains(out)))
+    for config in sorted(out.glob("tb/version_*/config.yaml"))[-1:]:
+        write_text_atomic(dest / "config.yaml", config.read_text())
+    write_text_atomic(dest / "summary.json", (out / "summary.json").read_text())
+    return dest
+
+
+def _archived(dest: Path) -> dict:
+    """One run as :func:`load_runs` returns it, from its :func:`archive_run` folder."""
+    arrays = np.load(dest / "arrays.npz")
+    summary = json.loads((dest / "summary.json").read_text())
+    by_protocol = {p: arrays[n.removesuffix(".npy")] for p, n in RANK_FILES.items()
+                   if n.removesuffix(".npy") in arrays and p in run_protocols(summary)}  # fmt: skip
+    if "protocols" not in summary:
+        by_protocol = {run_protocols(summary)[0]: arrays["ranks"]}
+    return {
+        "summary": summary, "ranks_by_protocol": by_protocol, "targets": arrays["targets"],
+        "item_frequency": arrays["item_frequency"],
+        "history_len": arrays["history_len"] if "history_len" in arrays else None,
+        "layer_gain": json.loads((dest / "layer_gain.json").read_text()),
+    }  # fmt: skip
 
 
 def _settings(args: argparse.Namespace) -> dict:
@@ -580,12 +616,12 @@ def main() -> None:
         run_one(args, variant, int(seed), out)
         return
     if args.report_only:
-        report(args, load_runs(base, list(VARIANTS)))
+        report(args, load_runs(base, list(VARIANTS), Path(args.results_dir)))
         return
     todo = [(v, s) for s in args.seeds for v in args.variants]
     if args.jobs > 1:
         failed = _run_parallel(todo, args.jobs, argv, args.command)
-        runs = load_runs(base, list(VARIANTS))
+        runs = load_runs(base, list(VARIANTS), Path(args.results_dir))
         if runs:
             report(args, runs)
         if failed:
@@ -595,7 +631,7 @@ def main() -> None:
         out = base / f"{variant}_s{seed}"
         out.mkdir(parents=True, exist_ok=True)
         run_one(args, variant, seed, out)
-        report(args, load_runs(base, list(VARIANTS)))
+        report(args, load_runs(base, list(VARIANTS), Path(args.results_dir)))
 
 
 def _summary_tag(args: argparse.Namespace) -> str:
@@ -647,9 +683,16 @@ def _run_parallel(
     return failed
 
 
-def load_runs(base: Path, variants: list[str]) -> dict:
-    """Every finished run under ``base`` (also those of other processes or earlier calls)."""
+def load_runs(base: Path, variants: list[str], results_dir: Path | None = None) -> dict:
+    """Every finished run under ``base`` (also those of other processes or earlier calls),
+    and, with ``results_dir``, every run archived there (``archive_run``) whose folder is
+    not here: a table is rebuilt from the committed results alone."""
     runs = {}
+    if results_dir is not None:
+        for done in sorted((results_dir / "runs" / base.name).glob("*_s*/summary.json")):
+            variant, seed = done.parent.name.rsplit("_s", 1)
+            if variant in variants and not (base / done.parent.name / "summary.json").exists():
+                runs[(variant, int(seed))] = _archived(done.parent)
     for done in sorted(base.glob("*_s*/summary.json")):
         out = done.parent
         variant, seed = out.name.rsplit("_s", 1)

@@ -178,7 +178,7 @@ def main() -> None:
             out = base / f"{variant}_s{seed}"
             out.mkdir(parents=True, exist_ok=True)
             rr.run_one(retrain_args(args, best[twin]), variant, seed, out)
-    runs = rr.load_runs(base, list(TWINS.values()))
+    runs = rr.load_runs(base, list(TWINS.values()), Path(args.results_dir))
     report(args, best, runs)
 
 
