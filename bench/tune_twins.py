@@ -38,7 +38,9 @@ import reproduce_rec as rr  # noqa: E402  (a sibling script, not a package)
 from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS = ROOT / "configs" / "experiments"
+# paths relative to the repository root (the script runs there): a study's stored fit
+# arguments are then the same in every checkout, so any clone continues it
+EXPERIMENTS = Path("configs") / "experiments"
 TWINS = {"off": "off", "on": "tuned_on"}  # twin -> reproduce_rec variant
 rr.VARIANTS.setdefault("tuned_on", ("on", []))  # the on twin at its tuned values only
 
@@ -56,7 +58,7 @@ def study_args(args: argparse.Namespace, twin: str) -> list[str]:
     storage = Path(args.storage_dir)
     return [
         "--config", str(EXPERIMENTS / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
-        "--search", str(ROOT / "configs" / "search" / f"{args.space}_{twin}.yaml"),
+        "--search", str(Path("configs") / "search" / f"{args.space}_{twin}.yaml"),
         "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
         "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
         "--workers", str(args.jobs), "--out", str(storage / name),
@@ -132,10 +134,10 @@ def main() -> None:
     p.add_argument("--pruner", default="median", choices=["median", "asha", "hyperband", "none"])
     p.add_argument("--sampler-seed", type=int, default=0)
     p.add_argument("--max-epochs", type=int, default=200)
-    p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
-    p.add_argument("--results-dir", default=str(ROOT / "results" / "rec"))
+    p.add_argument("--data-root", default="../shared/data", help="relative to the repository")
+    p.add_argument("--results-dir", default=str(Path("results") / "rec"))
     p.add_argument("--storage-dir", default=None, help="default: <results-dir>/tune")
-    p.add_argument("--runs-dir", default=str(ROOT / "logs" / "tune_twins"))
+    p.add_argument("--runs-dir", default=str(Path("logs") / "tune_twins"))
     p.add_argument("--jobs", type=int, default=1, help="tune workers per study (processes)")
     p.add_argument(
         "--noise", type=float, default=0.0,
@@ -161,6 +163,7 @@ def main() -> None:
         "twin, search both at once; a later run without it retrains and compares",
     )  # fmt: skip
     args = p.parse_args()
+    os.chdir(ROOT)  # every default path, and each study's stored arguments, from here
     args.storage_dir = args.storage_dir or str(Path(args.results_dir) / "tune")
     args.space = args.space or args.backbone
     threads = os.environ.get("OMP_NUM_THREADS")
