@@ -193,6 +193,7 @@ def _archived(dest: Path) -> dict:
         by_protocol = {run_protocols(summary)[0]: arrays["ranks"]}
     return {
         "summary": summary, "ranks_by_protocol": by_protocol, "targets": arrays["targets"],
+        "ranks": by_protocol.get("unmasked", next(iter(by_protocol.values()))),
         "item_frequency": arrays["item_frequency"],
         "history_len": arrays["history_len"] if "history_len" in arrays else None,
         "layer_gain": json.loads((dest / "layer_gain.json").read_text()),
@@ -708,6 +709,7 @@ def load_runs(base: Path, variants: list[str], results_dir: Path | None = None) 
             by_protocol = {run_protocols(summary)[0]: np.load(out / "ranks.npy")}
         runs[(variant, int(seed))] = {
             "summary": summary, "ranks_by_protocol": by_protocol,
+            "ranks": by_protocol.get("unmasked", next(iter(by_protocol.values()))),
             "targets": np.load(out / "targets.npy"),
             "item_frequency": np.load(out / "item_frequency.npy"),
             "history_len": np.load(out / "history_len.npy")

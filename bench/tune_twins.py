@@ -48,7 +48,8 @@ rr.VARIANTS.setdefault("tuned_on", ("on", []))  # the on twin at its tuned value
 def study_name(args: argparse.Namespace, twin: str) -> str:
     """``<dataset>_<backbone>[_<space>]_<twin>``: the space is named when it is not the
     backbone's own. Noise is not in it: the noisy rows retrain the clean study's choice."""
-    space = "" if args.space == args.backbone else f"_{args.space}"
+    chosen = getattr(args, "space", None) or args.backbone
+    space = "" if chosen == args.backbone else f"_{chosen}"
     return f"{args.dataset}_{args.backbone}{space}_{twin}"
 
 
@@ -58,7 +59,7 @@ def study_args(args: argparse.Namespace, twin: str) -> list[str]:
     storage = Path(args.storage_dir)
     return [
         "--config", str(EXPERIMENTS / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
-        "--search", str(Path("configs") / "search" / f"{args.space}_{twin}.yaml"),
+        "--search", str(Path("configs") / "search" / f"{getattr(args, 'space', None) or args.backbone}_{twin}.yaml"),
         "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
         "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
         "--workers", str(args.jobs), "--out", str(storage / name),

@@ -85,12 +85,25 @@ def explicit_model_options(argv: Sequence[str]) -> set[str]:
             found.update(_model_keys(value, Path.cwd()))
         elif key.startswith("--model."):
             found.add(key.removeprefix("--model."))
-    return {_norm(k) for k in found}
+    return {_norm(k).replace("backbone.filter.", "backbone.") for k in found}
 
 
 def _flat(ns: Any) -> dict[str, Any]:
     items = ns.items(branches=False) if hasattr(ns, "items") else []
-    return {_norm(str(k)): (str(k), v) for k, v in items}
+    return _effective({_norm(str(k)): (str(k), v) for k, v in items})
+
+
+def _effective(flat: dict[str, Any]) -> dict[str, Any]:
+    """A backbone's filter options as the model receives them, under their flat names
+    (``backbone.precision``): a flat option that differs from its default wins (as
+    ``models.base.fold_flat_filter_options`` folds it), else the ``filter:`` block's."""
+    from bft_lightning.models.base import FLAT_FILTER_DEFAULTS
+
+    for name, default in FLAT_FILTER_DEFAULTS.items():
+        mine, block = flat.get(f"backbone.{name}"), flat.pop(f"backbone.filter.{name}", None)
+        if block is not None and (mine is None or _same(mine[1], default)):
+            flat[f"backbone.{name}"] = block
+    return flat
 
 
 def recorded_options(record: Any) -> dict[str, Any]:
@@ -101,10 +114,14 @@ def recorded_options(record: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     spec = record.backbone_init or {}
     if spec.get("class_path"):
-        out["backbone.class_path"] = spec["class_path"]
-    for key, value in (spec.get("init_args") or {}).items():
-        out[f"backbone.{key}"] = value
-    return out
+        out["backbone.class_path"] = ("", spec["class_path"])
+    init = spec.get("init_args") or {}
+    for key, value in init.items():
+        if key == "filter" and isinstance(value, dict):
+            out.update({f"backbone.filter.{k}": ("", v) for k, v in value.items()})
+        else:
+            out[f"backbone.{key}"] = ("", value)
+    return {name: value for name, (_, value) in _effective(out).items()}
 
 
 def keep_explicit(

@@ -646,13 +646,14 @@ def test_the_users_evaluation_options_win_over_the_checkpoints(sub, trained, tmp
     extra = ["--trainer.max_epochs=3"] if sub == "fit" else []
     run = _quiet_main([sub, "--config", str(SASREC), *TINY,
                        f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={trained}",
-                       "--model.init_args.mask_history=true", "--model.init_args.ks=[3,7]",
+                       "--model.init_args.mask_history=false", "--model.init_args.ks=[3,7]",
                        "--trainer.limit_val_batches=2", *extra])  # fmt: skip
-    assert run.model.mask_history is True and tuple(run.model.ks) == (3, 7)
+    # the shipped configs evaluate with seen items excluded (mask_history: true)
+    assert run.model.mask_history is False and tuple(run.model.ks) == (3, 7)
     saved = torch.load(trained, weights_only=True)["hyper_parameters"]
-    assert saved["mask_history"] is False and tuple(saved["ks"]) == (1, 5, 10, 20)
+    assert saved["mask_history"] is True and tuple(saved["ks"]) == (1, 5, 10, 20)
     config = run.config[sub]["model"]["init_args"]
-    assert config["mask_history"] is True and tuple(config["ks"]) == (3, 7)
+    assert config["mask_history"] is False and tuple(config["ks"]) == (3, 7)
     if sub == "test":
         assert {"hr@3", "hr@7"} <= set(run.model.test_results)
         assert "hr@10" not in run.model.test_results
@@ -662,7 +663,7 @@ def test_options_the_user_did_not_state_keep_the_checkpoints(trained, tmp_path):
     run = _quiet_main(["test", "--config", str(SASREC), *TINY,
                        f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={trained}",
                        "--trainer.limit_test_batches=1"])  # fmt: skip
-    assert run.model.mask_history is False and tuple(run.model.ks) == (1, 5, 10, 20)
+    assert run.model.mask_history is True and tuple(run.model.ks) == (1, 5, 10, 20)
 
 
 def test_a_partial_test_is_marked_and_never_replaces_the_full_one(trained, tmp_path):

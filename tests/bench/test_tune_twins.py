@@ -41,7 +41,10 @@ def test_the_twins_studies_differ_only_in_their_files(tmp_path: Path) -> None:
     assert len(differ) == 5  # config, search space, storage, study name, report folder
     for shared in ("--sampler-seed", "--trials", "--pruner"):
         assert off[off.index(shared) + 1] == on[on.index(shared) + 1]
-    assert "--data.init_args.train_noise=0.1" in off and "--trainer.max_epochs=7" in off
+    # the studies search on the clean data; the noise is in the retrainings only
+    assert "--data.init_args.train_noise=0.1" not in off and "--trainer.max_epochs=7" in off
+    best = {"values": {"model.init_args.lr": 0.01}}
+    assert "--data.init_args.train_noise=0.1" in tt.retrain_args(args, best).override
     assert off[off.index("--search") + 1].endswith("configs/search/sasrec_off.yaml")
 
 

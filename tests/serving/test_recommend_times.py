@@ -84,12 +84,14 @@ def test_api_with_times_equals_predict_step(hstu, tmp_path) -> None:
     out = tmp_path / "next.jsonl"
     main(["predict", "--config", str(cfg), "--ckpt_path", str(ckpt),
           "--trainer.callbacks+=bft_lightning.serving.RecommendationWriter",
-          f"--trainer.callbacks.output={out}", "--trainer.callbacks.k=5"])  # fmt: skip
+          f"--trainer.callbacks.output={out}", "--trainer.callbacks.k=5",
+          "--trainer.callbacks.exclude_seen=false"])  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     users = sorted(log)
     rec = Recommender.from_checkpoint(ckpt)
     items, times = zip(*(split(log[u]) for u in users), strict=True)
-    api = rec.recommend(list(items), k=5, times=list(times), batch_size=64)
+    # seen items kept on both sides (predict reads the input window, the API the history)
+    api = rec.recommend(list(items), k=5, times=list(times), batch_size=64, exclude_seen=False)
     for user, r in zip(users, api, strict=True):
         got = [x for x in rows if x["user"] == user]
         assert [x["item"] for x in got] == r.items
@@ -97,7 +99,7 @@ def test_api_with_times_equals_predict_step(hstu, tmp_path) -> None:
         assert got[0]["confidence"] == pytest.approx(r.confidence, abs=1e-5)
     # the times matter: read without them (as an old checkpoint would allow) the scores move
     rec.trained_with_times = None
-    blind = rec.recommend(list(items), k=5, batch_size=64)
+    blind = rec.recommend(list(items), k=5, batch_size=64, exclude_seen=False)
     assert any(b.scores != pytest.approx(r.scores, abs=1e-4) for b, r in zip(blind, api))
 
 
