@@ -51,14 +51,20 @@ class ExportError(ValueError):
 def export_safe(model: nn.Module) -> Iterator[None]:
     """Run a block with every custom op of ``model`` replaced by plain torch ops: each
     layer's ``backward="custom"`` becomes ``"autograd"`` and each attention kernel
-    other than ``reference``/``sdpa`` becomes ``reference``; restored afterwards."""
+    other than ``reference``/``sdpa`` (``auto`` included) becomes ``reference``;
+    restored afterwards."""
     saved: list[tuple[nn.Module, str, Any]] = []
     for module in model.modules():
         if getattr(module, "backward", None) == "custom":
             saved.append((module, "backward", "custom"))
             setattr(module, "backward", "autograd")  # noqa: B010 (a str attribute; mypy)
         impl = getattr(module, "impl", None)
-        if isinstance(impl, str) and impl in KERNELS and impl not in PLAIN_IMPLS:
+        # "auto" resolves to a custom-op kernel in eager mode (nn.kernels.resolve)
+        if (
+            isinstance(impl, str)
+            and (impl in KERNELS or impl == "auto")
+            and impl not in PLAIN_IMPLS
+        ):
             saved.append((module, "impl", impl))
             setattr(module, "impl", "reference")  # noqa: B010
     try:
