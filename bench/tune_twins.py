@@ -45,11 +45,14 @@ TWINS = {"off": "off", "on": "tuned_on"}  # twin -> reproduce_rec variant
 rr.VARIANTS.setdefault("tuned_on", ("on", []))  # the on twin at its tuned values only
 
 
+def _space(args: argparse.Namespace) -> str:
+    return getattr(args, "space", None) or args.backbone
+
+
 def study_name(args: argparse.Namespace, twin: str) -> str:
     """``<dataset>_<backbone>[_<space>]_<twin>``: the space is named when it is not the
     backbone's own. Noise is not in it: the noisy rows retrain the clean study's choice."""
-    chosen = getattr(args, "space", None) or args.backbone
-    space = "" if chosen == args.backbone else f"_{chosen}"
+    space = "" if _space(args) == args.backbone else f"_{_space(args)}"
     return f"{args.dataset}_{args.backbone}{space}_{twin}"
 
 
@@ -59,7 +62,7 @@ def study_args(args: argparse.Namespace, twin: str) -> list[str]:
     storage = Path(args.storage_dir)
     return [
         "--config", str(EXPERIMENTS / f"{args.backbone}_{twin}_{args.dataset}.yaml"),
-        "--search", str(Path("configs") / "search" / f"{getattr(args, 'space', None) or args.backbone}_{twin}.yaml"),
+        "--search", str(Path("configs") / "search" / f"{_space(args)}_{twin}.yaml"),
         "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
         "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
         "--workers", str(args.jobs), "--out", str(storage / name),
