@@ -128,7 +128,14 @@ class BFTCLI(LightningCLI):
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         backbone = config.get("model.init_args.backbone")
         if isinstance(backbone, Namespace):  # flat filter flags over the config's `filter:`
-            fold_flat_filter_options(backbone.get("init_args"))
+            from bft_lightning.cli_overrides import explicit_model_options
+
+            stated = {
+                n.removeprefix("backbone.")
+                for n in explicit_model_options(getattr(self, "_argv", []))
+                if n.startswith("backbone.") and n.count(".") == 1
+            }
+            fold_flat_filter_options(backbone.get("init_args"), stated)
         check_launch(config)
         check_trainer_options(config.get("trainer"))
 

@@ -85,24 +85,33 @@ def explicit_model_options(argv: Sequence[str]) -> set[str]:
             found.update(_model_keys(value, Path.cwd()))
         elif key.startswith("--model."):
             found.add(key.removeprefix("--model."))
-    return {_norm(k).replace("backbone.filter.", "backbone.") for k in found}
+    return {_norm(k) for k in found}
 
 
-def _flat(ns: Any) -> dict[str, Any]:
+def _flat(ns: Any, stated: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     items = ns.items(branches=False) if hasattr(ns, "items") else []
-    return _effective({_norm(str(k)): (str(k), v) for k, v in items})
+    return _effective({_norm(str(k)): (str(k), v) for k, v in items}, stated)
 
 
-def _effective(flat: dict[str, Any]) -> dict[str, Any]:
+def _canonical(name: str) -> str:
+    """A filter option under its flat name: ``backbone.filter.q_init`` -> ``backbone.q_init``."""
+    return name.replace("backbone.filter.", "backbone.")
+
+
+def _effective(flat: dict[str, Any], stated: set[str] | frozenset[str] = frozenset()) -> dict:
     """A backbone's filter options as the model receives them, under their flat names
-    (``backbone.precision``): a flat option that differs from its default wins (as
-    ``models.base.fold_flat_filter_options`` folds it), else the ``filter:`` block's."""
+    (``backbone.precision``): a flat option the user stated, or one that differs from
+    its default, wins (as ``models.base.fold_flat_filter_options`` folds it); else the
+    ``filter:`` block's."""
     from bft_lightning.models.base import FLAT_FILTER_DEFAULTS
 
     for name, default in FLAT_FILTER_DEFAULTS.items():
-        mine, block = flat.get(f"backbone.{name}"), flat.pop(f"backbone.filter.{name}", None)
+        key = f"backbone.{name}"
+        mine, block = flat.get(key), flat.pop(f"backbone.filter.{name}", None)
+        if key in stated and mine is not None:
+            continue
         if block is not None and (mine is None or _same(mine[1], default)):
-            flat[f"backbone.{name}"] = block
+            flat[key] = block
     return flat
 
 
@@ -136,9 +145,9 @@ def keep_explicit(
     Raises:
         SystemExit: an explicit option in :data:`WEIGHT_OPTIONS` differs from the checkpoint.
     """
-    old, new = _flat(before), _flat(after)
+    old, new = _flat(before, explicit), _flat(after)
     restored = []
-    for name in sorted(explicit):
+    for name in sorted({_canonical(n) for n in explicit}):
         if name not in old:
             continue
         mine = old[name][1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Collection
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -399,7 +400,7 @@ class SequentialRecommender(nn.Module):
         return Encoded(out.hidden[:, -1], lp, out.norm_scale)
 
 
-def fold_flat_filter_options(init_args: Any) -> None:
+def fold_flat_filter_options(init_args: Any, stated: Collection[str] = ()) -> None:
     """A command line's flat filter options over a config file's ``filter:`` block.
 
     ``init_args``: a backbone's parsed arguments (a jsonargparse ``Namespace``).
@@ -408,7 +409,9 @@ def fold_flat_filter_options(init_args: Any) -> None:
     recorded runs) gives a flat option beside it. The later source wins, as for
     any other option: each flat option that differs from its default moves into
     the block (checked there, when the model is built) and goes back to its
-    default, so the model receives one form. Without a ``filter`` block the flat
+    default, so the model receives one form; ``stated`` names the flat options the
+    user gave explicitly, which move even when equal to their default (``precision=off``
+    over a block's ``on``). Without a ``filter`` block the flat
     options stay as they are (``FilterConfig.from_flat`` reads them).
     """
     block = init_args.get("filter") if init_args is not None else None
@@ -416,7 +419,7 @@ def fold_flat_filter_options(init_args: Any) -> None:
         return
     for name, default in FLAT_FILTER_DEFAULTS.items():
         value = init_args.get(name, default)
-        if value != default:
+        if value != default or name in stated:  # stated: given on the command line
             block[name] = value
             init_args[name] = default
 
