@@ -128,13 +128,9 @@ class BFTCLI(LightningCLI):
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         backbone = config.get("model.init_args.backbone")
         if isinstance(backbone, Namespace):  # flat filter flags over the config's `filter:`
-            from bft_lightning.cli_overrides import explicit_model_options
+            from bft_lightning.cli_overrides import stated_backbone_flags
 
-            stated = {
-                n.removeprefix("backbone.")
-                for n in explicit_model_options(getattr(self, "_argv", []))
-                if n.startswith("backbone.") and n.count(".") == 1
-            }
+            stated = stated_backbone_flags(getattr(self, "_argv", []))
             fold_flat_filter_options(backbone.get("init_args"), stated)
         check_launch(config)
         check_trainer_options(config.get("trainer"))
@@ -187,6 +183,7 @@ class BFTCLI(LightningCLI):
             explicit_model_options,
             keep_explicit,
             recorded_options,
+            stated_backbone_flags,
         )
         from bft_lightning.utils.checkpoint_format import read_record
 
@@ -201,7 +198,8 @@ class BFTCLI(LightningCLI):
         explicit = explicit_model_options(getattr(self, "_argv", []))
         checkpoint = getattr(self, "_checkpoint", None)
         recorded = recorded_options(read_record(checkpoint) if checkpoint else None)
-        keep_explicit(before, self.config[subcommand]["model"], explicit, path, recorded)
+        flags = stated_backbone_flags(getattr(self, "_argv", []))
+        keep_explicit(before, self.config[subcommand]["model"], explicit, path, recorded, flags)
 
     def _allow_other_data(self) -> None:
         """``--allow_other_data`` reaches the data module (``allow_other_data``)."""

@@ -18,7 +18,13 @@ from typing import Any
 
 import yaml
 
-__all__ = ["WEIGHT_OPTIONS", "explicit_model_options", "keep_explicit", "recorded_options"]
+__all__ = [
+    "WEIGHT_OPTIONS",
+    "explicit_model_options",
+    "keep_explicit",
+    "recorded_options",
+    "stated_backbone_flags",
+]
 
 # options whose value is part of the weights' shape or meaning
 WEIGHT_OPTIONS = frozenset({
@@ -88,6 +94,19 @@ def explicit_model_options(argv: Sequence[str]) -> set[str]:
     return {_norm(k) for k in found}
 
 
+def stated_backbone_flags(argv: Sequence[str]) -> set[str]:
+    """Flat backbone options given as command-line flags (``--model.init_args.backbone.
+    init_args.precision=off`` -> ``precision``); not those of a ``--config`` file, whose
+    resolved form (a ``best.yaml``) repeats every default."""
+    prefix = "--model.init_args.backbone.init_args."
+    out = set()
+    for arg in argv:
+        rest = arg.partition("=")[0].removeprefix(prefix)
+        if arg.startswith(prefix) and rest and "." not in rest:
+            out.add(rest)
+    return out
+
+
 def _flat(ns: Any, stated: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     items = ns.items(branches=False) if hasattr(ns, "items") else []
     return _effective({_norm(str(k)): (str(k), v) for k, v in items}, stated)
@@ -108,7 +127,7 @@ def _effective(flat: dict[str, Any], stated: set[str] | frozenset[str] = frozens
     for name, default in FLAT_FILTER_DEFAULTS.items():
         key = f"backbone.{name}"
         mine, block = flat.get(key), flat.pop(f"backbone.filter.{name}", None)
-        if key in stated and mine is not None:
+        if name in stated and mine is not None:
             continue
         if block is not None and (mine is None or _same(mine[1], default)):
             flat[key] = block
@@ -134,18 +153,25 @@ def recorded_options(record: Any) -> dict[str, Any]:
 
 
 def keep_explicit(
-    before: Any, after: Any, explicit: set[str], source: str, recorded: dict[str, Any] | None = None
+    before: Any,
+    after: Any,
+    explicit: set[str],
+    source: str,
+    recorded: dict[str, Any] | None = None,
+    flags: set[str] | frozenset[str] = frozenset(),
 ) -> list[str]:
     """Put the user's explicit values of ``before`` back into ``after`` (the model namespace
     after the checkpoint's hyperparameters were applied); returns the options restored.
 
     ``recorded``: what the checkpoint's record says the weights were built with
     (:func:`recorded_options`), checked too for the options in :data:`WEIGHT_OPTIONS`.
+    ``flags``: flat backbone options given as flags (:func:`stated_backbone_flags`),
+    which win over a ``filter:`` block even at their default.
 
     Raises:
         SystemExit: an explicit option in :data:`WEIGHT_OPTIONS` differs from the checkpoint.
     """
-    old, new = _flat(before, explicit), _flat(after)
+    old, new = _flat(before, flags), _flat(after)
     restored = []
     for name in sorted({_canonical(n) for n in explicit}):
         if name not in old:
