@@ -177,8 +177,8 @@ def archive_run(out: Path, results_dir: Path) -> Path:
                            "item_frequency.npy") if (out / name).exists()}  # fmt: skip
     np.savez_compressed(dest / "arrays.npz", **arrays)
     write_text_atomic(dest / "layer_gain.json", json.dumps(layer_gains(out)))
-    for config in sorted(out.glob("tb/version_*/config.yaml"))[-1:]:
-        write_text_atomic(dest / "config.yaml", config.read_text())
+    for config in sorted(out.glob("tb/version_*/config.yaml"))[-1:]:  # repository-relative
+        write_text_atomic(dest / "config.yaml", config.read_text().replace(f"{ROOT}/", ""))
     write_text_atomic(dest / "summary.json", (out / "summary.json").read_text())
     return dest
 
