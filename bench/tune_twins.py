@@ -65,6 +65,8 @@ def study_args(args: argparse.Namespace, twin: str) -> list[str]:
         "--search", str(Path("configs") / "search" / f"{_space(args)}_{twin}.yaml"),
         "--trials", str(args.trials), "--storage", f"sqlite:///{storage / name}.db",
         "--study-name", name, "--pruner", args.pruner, "--sampler-seed", str(args.sampler_seed),
+        *([f"--prune-after={after}"] if (after := getattr(args, "prune_after", None)) is not None
+          else []),
         "--workers", str(args.jobs), "--out", str(storage / name),
         *shared_overrides(args, noise=False),
         f"--trainer.logger.init_args.save_dir={Path(args.runs_dir) / 'tune'}",
@@ -136,6 +138,10 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=24, help="each study's budget")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="retraining seeds")
     p.add_argument("--pruner", default="median", choices=["median", "asha", "hyperband", "none"])
+    p.add_argument(
+        "--prune-after", type=int, default=None, metavar="EPOCHS",
+        help="tune's: no trial is pruned before this epoch (default: a tenth of max epochs)",
+    )  # fmt: skip
     p.add_argument("--sampler-seed", type=int, default=0)
     p.add_argument("--max-epochs", type=int, default=200)
     p.add_argument("--data-root", default="../shared/data", help="relative to the repository")
@@ -166,7 +172,15 @@ def main() -> None:
         help="run (or continue) only this twin's study, then stop: two processes, one per "
         "twin, search both at once; a later run without it retrains and compares",
     )  # fmt: skip
+    p.add_argument(
+        "--retrain-only", choices=list(TWINS), default=None,
+        help="retrain only this twin's choice (its study finished or continued first), then "
+        "stop: two processes, one per twin, retrain both at once; a later run without it "
+        "finds every seed done and compares",
+    )  # fmt: skip
     args = p.parse_args()
+    if args.study_only and args.retrain_only:
+        p.error("--study-only and --retrain-only: give one")
     os.chdir(ROOT)  # every default path, and each study's stored arguments, from here
     args.storage_dir = args.storage_dir or str(Path(args.results_dir) / "tune")
     args.space = args.space or args.backbone
@@ -178,13 +192,17 @@ def main() -> None:
     if args.study_only:
         run_study(args, args.study_only)
         return
-    best = {twin: run_study(args, twin) for twin in TWINS}
+    twins = [args.retrain_only] if args.retrain_only else list(TWINS)
+    best = {twin: run_study(args, twin) for twin in twins}
     base = Path(args.runs_dir) / f"{setting_name(args)}_t{args.trials}"
     for seed in args.seeds:
-        for twin, variant in TWINS.items():
+        for twin in twins:
+            variant = TWINS[twin]
             out = base / f"{variant}_s{seed}"
             out.mkdir(parents=True, exist_ok=True)
             rr.run_one(retrain_args(args, best[twin]), variant, seed, out)
+    if args.retrain_only:
+        return
     runs = rr.load_runs(base, list(TWINS.values()), Path(args.results_dir))
     report(args, best, runs)
 

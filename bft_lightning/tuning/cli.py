@@ -47,6 +47,10 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--study-name", default=None, help="default: <config>-<search> file stems")
     p.add_argument("--pruner", choices=("median", "asha", "hyperband", "none"), default="median")
+    p.add_argument(
+        "--prune-after", type=int, default=None, metavar="EPOCHS",
+        help="no trial is pruned before this epoch (default: a tenth of max_epochs)",
+    )  # fmt: skip
     p.add_argument("--sampler-seed", type=int, default=0, help="TPE's seed (0)")
     p.add_argument("--workers", type=int, default=1, help="trials side by side on this machine")
     p.add_argument("--monitor", default=None, help="default: the config's checkpoint metric")
@@ -56,6 +60,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     return p
+
+
+def _pruner_text(opts: argparse.Namespace, max_epochs: int | None) -> str:
+    """The pruner and its warm-up, as the first line says it."""
+    from bft_lightning.tuning.study import prune_after_default
+
+    if opts.pruner == "none":
+        return "none"
+    after = opts.prune_after if opts.prune_after is not None else prune_after_default(max_epochs)
+    return f"{opts.pruner} (no pruning before epoch {after})" if after else opts.pruner
 
 
 def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -69,6 +83,8 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser().error(f"unrecognized arguments: {' '.join(extra)}")
     if opts.trials < 1:
         parser().error(f"--trials must be >= 1, got {opts.trials}")
+    if opts.prune_after is not None and opts.prune_after < 0:
+        parser().error(f"--prune-after must be >= 0 epochs, got {opts.prune_after}")
     if opts.workers < 1:
         parser().error(f"--workers must be >= 1, got {opts.workers}")
     return opts, [*extra, *after]
@@ -120,13 +136,14 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
     meta = {"search": space.fingerprint(), "fit_args": plan.base, "monitor": plan.monitor}
     study = open_study(
         name, storage, direction, make_sampler(opts.sampler_seed),
-        make_pruner(opts.pruner, opts.trials, plan.max_epochs), meta,
+        make_pruner(opts.pruner, opts.trials, plan.max_epochs, opts.prune_after), meta,
     )  # fmt: skip
     out = Path(opts.out or Path(plan.save_dir) / "tune" / name)
     if not opts.worker_only:
         print(
             f"tune: study {name} in {url}: {opts.trials} trials, {direction} {plan.monitor}, "
-            f"pruner {opts.pruner}, {len(space.searched())} parameters searched",
+            f"pruner {_pruner_text(opts, plan.max_epochs)}, "
+            f"{len(space.searched())} parameters searched",
             flush=True,
         )
     if opts.workers > 1:

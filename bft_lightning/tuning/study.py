@@ -84,19 +84,40 @@ def make_sampler(seed: int, trials_so_far: int = 0, worker: int = 0) -> optuna.s
     return optuna.samplers.TPESampler(seed=int(state))
 
 
-def make_pruner(name: str, budget: int, max_epochs: int | None) -> optuna.pruners.BasePruner:
+def prune_after_default(max_epochs: int | None) -> int:
+    """The epochs a trial runs before it may be pruned when ``--prune-after`` is not
+    given: a tenth of ``max_epochs`` (0 when it is unknown or under 10). A trial with a
+    low learning rate starts slowly; judged at its first validation it would be pruned
+    before it shows what it reaches, and the search would drift towards fast starters."""
+    return max_epochs // 10 if max_epochs else 0
+
+
+def make_pruner(
+    name: str, budget: int, max_epochs: int | None, prune_after: int | None = None
+) -> optuna.pruners.BasePruner:
     """``median``: stop a trial below the median of earlier trials at the same epoch
     (after the first ``min(5, budget // 4)`` trials, at least 1); ``asha``
-    (successive halving) and ``hyperband`` over epochs 1..max_epochs; ``none``."""
+    (successive halving) and ``hyperband`` over epochs 1..max_epochs; ``none``.
+    No trial is pruned before epoch ``prune_after`` (default
+    :func:`prune_after_default`): the median pruner's warm-up, the first rung of
+    successive halving and Hyperband."""
+    if prune_after is None:
+        prune_after = prune_after_default(max_epochs)
+    if prune_after < 0:
+        raise ValueError(f"--prune-after must be >= 0 epochs, got {prune_after}")
+    first = max(1, prune_after)
     if name == "none":
         return optuna.pruners.NopPruner()
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=max(1, min(5, budget // 4)))
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=max(1, min(5, budget // 4)), n_warmup_steps=prune_after
+        )
     if name == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=first, reduction_factor=3)
     if name == "hyperband":
+        top = max_epochs if max_epochs and max_epochs > first else "auto"
         return optuna.pruners.HyperbandPruner(
-            min_resource=1, max_resource=max_epochs or "auto", reduction_factor=3
+            min_resource=first, max_resource=top, reduction_factor=3
         )
     raise ValueError(f"--pruner {name}: one of {', '.join(PRUNERS)}")
 

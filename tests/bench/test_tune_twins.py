@@ -56,6 +56,13 @@ def test_tune_twins_end_to_end(tmp_path: Path) -> None:
         "--results-dir", str(tmp_path / "res"), "--runs-dir", str(tmp_path / "runs"), *TINY,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # one twin's study and retraining alone first (as a second process would run it)
+    done = subprocess.run([*cmd, "--retrain-only", "on"], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = sorted(p.name for p in (tmp_path / "runs").glob("synthetic_sasrec_t2/*"))
+    assert runs == ["tuned_on_s0", "tuned_on_s1"]
+    assert not (tmp_path / "res" / "tuned").exists()  # no comparison until both are done
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     res = tmp_path / "res"

@@ -131,3 +131,38 @@ def test_shipped_spaces_are_options_of_their_models(backbone: str, twin: str) ->
     space = load_space(repo / "configs" / "search" / f"{backbone}_{twin}.yaml")
     config = repo / "configs" / "experiments" / f"{backbone}_{twin}_synthetic.yaml"
     check_keys(plan_study(["--config", str(config)], None), space)
+
+
+@pytest.mark.parametrize("name", ["median", "asha", "hyperband"])
+def test_no_trial_is_pruned_before_prune_after(name: str) -> None:
+    """A hopeless trial survives every epoch before ``prune_after`` and is pruned once
+    there: a slow starter is judged when it has had the warm-up to show its pace."""
+    from bft_lightning.tuning.study import make_pruner, prune_after_default
+
+    study = optuna.create_study(
+        direction="maximize", pruner=make_pruner(name, 8, 40, prune_after=6),
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )  # fmt: skip
+    for _ in range(6):  # good trials that report (and ask) at every epoch
+        trial = study.ask()
+        for epoch in range(40):
+            trial.report(1.0 + epoch, epoch)
+            trial.should_prune()
+        study.tell(trial, 41.0)
+    slow = study.ask()
+    pruned_at = None
+    for epoch in range(40):
+        slow.report(0.0, epoch)
+        if slow.should_prune():
+            pruned_at = epoch
+            break
+    assert pruned_at is not None and pruned_at >= 6
+    assert prune_after_default(100) == 10 and prune_after_default(6) == 0
+    assert prune_after_default(None) == 0
+
+
+def test_negative_prune_after_is_refused() -> None:
+    from bft_lightning.tuning.study import make_pruner
+
+    with pytest.raises(ValueError, match="--prune-after"):
+        make_pruner("median", 8, 40, prune_after=-1)
