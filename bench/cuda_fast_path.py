@@ -45,6 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from common.hardware import device_name  # noqa: E402
 
 LAYER_SHAPES = [(256, 50, 64, 2), (64, 200, 64, 2), (8, 1024, 128, 4)]
 TINY_LAYER_SHAPES = [(2, 50, 16, 2), (2, 64, 16, 2)]
@@ -104,7 +105,7 @@ def versions(device: str) -> str:
         tri = triton.__version__
     except ImportError:
         tri = "absent"
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    name = device_name(device) or "CPU"
     return (f"{name}; python {sys.version.split()[0]}, torch {torch.__version__}, CUDA "
             f"{torch.version.cuda}, triton {tri}, lightning {lightning.__version__}")  # fmt: skip
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,17 +42,22 @@ import lightning as L
 import numpy as np
 import torch
 
-from bft_lightning.lm.data.synthetic_qa import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import pretrain as pt  # noqa: E402
+from common.paired import mean_se, paired_runs  # noqa: E402
+from common.runs import read_runs, save_run  # noqa: E402
+
+from bft_lightning.lm.data.synthetic_qa import (  # noqa: E402
     FACT_ORDERS,
     SyntheticQADataModule,
     SyntheticQAPretrainDataModule,
     collate_synthetic,
 )
-from bft_lightning.lm.metrics import qa_scores
-from bft_lightning.lm.model import BFTOptions, LlamaConfig
-from bft_lightning.lm.task import LanguageSFT
-from bft_lightning.nn.filter import FilterConfig
-from bft_lightning.nn.stats import set_recording
+from bft_lightning.lm.metrics import qa_scores  # noqa: E402
+from bft_lightning.lm.model import BFTOptions, LlamaConfig  # noqa: E402
+from bft_lightning.lm.task import LanguageSFT  # noqa: E402
+from bft_lightning.nn.filter import FilterConfig  # noqa: E402
+from bft_lightning.nn.stats import set_recording  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "lm"
@@ -119,31 +125,6 @@ DATA = dict(
 )
 
 
-def _trainer(work: Path, **kw: Any) -> L.Trainer:
-    return L.Trainer(
-        accelerator=ACCELERATOR,
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=work,
-        **kw,
-    )
-
-
-class LossTrace(L.Callback):
-    def __init__(self, every: int = 25) -> None:
-        self.every, self.window, self.trace = every, [], []  # type: ignore[var-annotated]
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.window.append(float(outputs["loss"]))
-        if len(self.window) == self.every:
-            self.trace.append(round(sum(self.window) / self.every, 4))
-            self.window = []
-            print(f"  step {trainer.global_step}: loss {self.trace[-1]}", flush=True)
-
-
 def model_config(name: str, vocab: int) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=vocab,
@@ -168,60 +149,55 @@ def pretrain(
 ) -> dict[str, Any]:
     """Pretrain (or, from ``init``, continue pretraining) the shared base model."""
     base = work / f"base-{model}"
-    done = work / f"pretrain-{model}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    L.seed_everything(0)
-    dm = SyntheticQAPretrainDataModule(
-        num_documents=max(steps * 32 // 2, 2000),
-        recall_per_document=recall,
-        seq_len=seq_len,
-        copy_passages=copy_passages,
-        batch_size=32,
-        eval_batch_size=64,
-        **(DATA | {"data_seed": data_seed}),  # type: ignore[arg-type]
-    )
-    task = LanguageSFT(
-        None if init else model_config(model, dm.vocab_size),
-        checkpoint_dir=str(init) if init else None,
-        lr=lr,
-        weight_decay=0.1,
-        warmup_steps=50,
-        cosine=True,
-        generate=False,
-        export_dir=str(base),
-    )
-    trace = LossTrace()
-    t0 = time.time()
-    trainer = _trainer(
-        work,
-        max_steps=steps,
-        callbacks=[trace],
-        limit_val_batches=10,
-        val_check_interval=max(steps // 2, 1),
-        check_val_every_n_epoch=None,
-    )
-    trainer.fit(task, dm)
-    dm.tokenizer.save(str(base / "tokenizer.json"))
-    out = {
-        "model": model,
-        "steps": steps,
-        "lr": lr,
-        "seconds": round(time.time() - t0),
-        "init": str(init) if init else None,
-        "data_seed": data_seed,
-        "recall_per_document": recall,
-        "copy_passages": copy_passages,
-        "seq_len": seq_len,
-        "params": sum(p.numel() for p in task.model.parameters()),
-        "val_loss": float(trainer.callback_metrics["val/loss"]),
-        "train_loss_trace": trace.trace,
-        "packing": dm.packing,
-        # training tokens with a target (padding excluded), expected over the rows drawn
-        "tokens": round(steps * 32 * float(np.mean([len(c) - 1 for c in dm.chunks["train"]]))),
-    }
-    done.write_text(json.dumps(out, indent=1))
-    return out
+
+    def build() -> tuple[LanguageSFT, SyntheticQAPretrainDataModule]:
+        dm = SyntheticQAPretrainDataModule(
+            num_documents=max(steps * 32 // 2, 2000),
+            recall_per_document=recall,
+            seq_len=seq_len,
+            copy_passages=copy_passages,
+            batch_size=32,
+            eval_batch_size=64,
+            **(DATA | {"data_seed": data_seed}),  # type: ignore[arg-type]
+        )
+        task = LanguageSFT(
+            None if init else model_config(model, dm.vocab_size),
+            checkpoint_dir=str(init) if init else None,
+            lr=lr,
+            weight_decay=0.1,
+            warmup_steps=50,
+            cosine=True,
+            generate=False,
+            export_dir=str(base),
+        )
+        return task, dm
+
+    def record(fit: pt.Fit) -> dict[str, Any]:
+        fit.dm.tokenizer.save(str(base / "tokenizer.json"))
+        return {
+            "model": model,
+            "steps": steps,
+            "lr": lr,
+            "seconds": fit.seconds,
+            "init": str(init) if init else None,
+            "data_seed": data_seed,
+            "recall_per_document": recall,
+            "copy_passages": copy_passages,
+            "seq_len": seq_len,
+            "params": sum(p.numel() for p in fit.task.model.parameters()),
+            "val_loss": float(fit.trainer.callback_metrics["val/loss"]),
+            "train_loss_trace": fit.trace,
+            "packing": fit.dm.packing,
+            # training tokens with a target (padding excluded), expected over the rows drawn
+            "tokens": round(
+                steps * 32 * float(np.mean([len(c) - 1 for c in fit.dm.chunks["train"]]))
+            ),
+        }
+
+    return pt.pretrain(
+        work / f"pretrain-{model}.json", work, steps, build, record, accelerator=ACCELERATOR,
+        every=25, limit_val_batches=10, val_check_interval=max(steps // 2, 1),
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -314,9 +290,11 @@ def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int
         target_gain=0.95,
         **opts,
     )
-    trace = LossTrace()
+    trace = pt.LossTrace(every=25)
     t0 = time.time()
-    trainer = _trainer(work, max_steps=a.sft_steps, callbacks=[trace], limit_val_batches=0)
+    trainer = pt.lm_trainer(
+        work, ACCELERATOR, max_steps=a.sft_steps, callbacks=[trace], limit_val_batches=0
+    )
     trainer.fit(task, dm)
     fit_s = time.time() - t0
     t1 = time.time()
@@ -355,54 +333,20 @@ def run_sft(work: Path, a: argparse.Namespace, method: str, noise: float, k: int
         result["calibration"] = {"median_gain": rep.median_gain, "q": rep.q}
         if noise > 0:
             result["gain_by_corruption"] = gain_by_corruption(task, dm)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(result))
-    return result
+    return save_run(file, result)
 
 
 # --------------------------------------------------------------------------- report
-def _runs(out: Path) -> list[dict]:
-    return [json.loads(f.read_text()) for f in sorted((out / "synthetic_runs").glob("*.json"))]
-
-
 def _paired(runs: list[dict], method: str, noise: float, k: int, metric: int) -> tuple:
     """Mean per-question difference method - off (same question, same seed) and its SE."""
-    diffs = []
-    for r in runs:
-        if (r["method"], r["noise_rate"], r["distractors"]) != (method, noise, k):
-            continue
-        ref = next(
-            (
-                x
-                for x in runs
-                if (x["method"], x["noise_rate"], x["distractors"], x["seed"])
-                == ("off", noise, k, r["seed"])
-            ),
-            None,
-        )
-        if ref is None:
-            continue
-        diffs += [
-            r["per_question"][q][metric] - ref["per_question"][q][metric] for q in r["per_question"]
-        ]
-    if not diffs:
-        return None, None, 0
-    d = np.asarray(diffs)
-    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d)
-
-
-def _mean_se(x: list[float]) -> tuple[float, float | None]:
-    a = np.asarray(x, dtype=float)
-    return float(a.mean()), (float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None)
+    values = lambda r: {q: v[metric] for q, v in r["per_question"].items()}  # noqa: E731
+    return paired_runs(runs, method, "off", noise, k, values, empty=None)
 
 
 def _squad_cpu_runs(out: Path) -> list[dict]:
     """The SQuAD CPU runs of ``reproduce_lm.py`` (``results/lm/runs``), ``sft`` as ``off``."""
-    runs = []
-    for f in sorted((out / "runs").glob("*.json")):
-        r = json.loads(f.read_text())
-        runs.append(r | {"method": "off" if r["method"] == "sft" else r["method"]})
-    return runs
+    return [r | {"method": "off" if r["method"] == "sft" else r["method"]}
+            for r in read_runs(out / "runs")]  # fmt: skip
 
 
 def _rows(runs: list[dict], task: str) -> list[dict]:
@@ -415,8 +359,8 @@ def _rows(runs: list[dict], task: str) -> list[dict]:
             ]
             if not rs:
                 continue
-            em, em_se = _mean_se([r["test_em"] for r in rs])
-            f1, f1_se = _mean_se([r["test_f1"] for r in rs])
+            em, em_se = mean_se([r["test_em"] for r in rs], single=None)
+            f1, f1_se = mean_se([r["test_f1"] for r in rs], single=None)
             d, se, n = _paired(runs, m, noise, k, 0) if m != "off" else (0.0, 0.0, 0)
             df1, sef1, _ = _paired(runs, m, noise, k, 1) if m != "off" else (0.0, 0.0, 0)
             row = {
@@ -464,7 +408,7 @@ def _rows(runs: list[dict], task: str) -> list[dict]:
 
 
 def report(out: Path) -> list[dict]:
-    runs = _runs(out)
+    runs = read_runs(out / "synthetic_runs")
     if not runs:
         raise SystemExit(f"no runs in {out / 'synthetic_runs'}")
     # label noise (the paper's setting) and noise in the answer text itself are separate studies

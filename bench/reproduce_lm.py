@@ -45,6 +45,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,22 @@ import lightning as L
 import numpy as np
 import torch
 
-from bft_lightning.lm.data.qa import QADataModule, QAPretrainDataModule, collate_qa, data_root
-from bft_lightning.lm.model import BFTOptions, LlamaConfig
-from bft_lightning.lm.task import LanguageSFT
-from bft_lightning.nn.filter import FilterConfig
-from bft_lightning.nn.stats import set_recording
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import pretrain as pt  # noqa: E402
+from common.hardware import device_name  # noqa: E402
+from common.paired import mean_se, paired_runs  # noqa: E402
+from common.runs import read_runs, save_run  # noqa: E402
+
+from bft_lightning.lm.data.qa import (  # noqa: E402
+    QADataModule,
+    QAPretrainDataModule,
+    collate_qa,
+    data_root,
+)
+from bft_lightning.lm.model import BFTOptions, LlamaConfig  # noqa: E402
+from bft_lightning.lm.task import LanguageSFT  # noqa: E402
+from bft_lightning.nn.filter import FilterConfig  # noqa: E402
+from bft_lightning.nn.stats import set_recording  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = {  # name -> (loss, precision)
@@ -91,79 +103,43 @@ DATA = dict(
 )
 
 
-class LossTrace(L.Callback):
-    """Mean training loss over each window of ``every`` steps."""
-
-    def __init__(self, every: int = 50) -> None:
-        self.every, self.window, self.trace = every, [], []  # type: ignore[var-annotated]
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.window.append(float(outputs["loss"]))
-        if len(self.window) == self.every:
-            self.trace.append(round(sum(self.window) / self.every, 4))
-            self.window = []
-            print(f"  step {trainer.global_step}: loss {self.trace[-1]}", flush=True)
-
-
-def _trainer(work: Path, **kw: Any) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=work,
-        **kw,
-    )
-
-
 def pretrain(work: Path, steps: int, root: str | None = None) -> dict[str, Any]:
-    base = work / "base"
-    done = work / "pretrain.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    L.seed_everything(0)
-    shakespeare = str(data_root(root) / "tinyshakespeare" / "input.txt")
-    dm = QAPretrainDataModule(
-        seq_len=128,
-        cloze_per_passage=6,
-        extra_text_files=[shakespeare],
-        cache_dir=str(work / "cache"),
-        batch_size=32,
-        eval_batch_size=64,
-        **DATA,  # type: ignore[arg-type]
-    )
-    task = LanguageSFT(
-        LlamaConfig(**MODEL),
-        lr=2e-3,
-        weight_decay=0.1,
-        warmup_steps=100,
-        cosine=True,
-        generate=False,
-        export_dir=str(base),
-    )
-    trace = LossTrace()
-    t0 = time.time()
-    trainer = _trainer(
-        work,
-        max_steps=steps,
-        callbacks=[trace],
-        val_check_interval=500,
-        check_val_every_n_epoch=None,
-        limit_val_batches=20,
-    )
-    trainer.fit(task, dm)
-    out = {
-        "steps": steps,
-        "seconds": round(time.time() - t0),
-        "train_loss_trace": trace.trace,
-        "val_loss": float(trainer.callback_metrics["val/loss"]),
-        "train_chunks": len(dm.chunks["train"]),
-        "params": sum(p.numel() for p in task.parameters()),
-    }
-    done.write_text(json.dumps(out, indent=1))
-    return out
+    def build() -> tuple[LanguageSFT, QAPretrainDataModule]:
+        shakespeare = str(data_root(root) / "tinyshakespeare" / "input.txt")
+        dm = QAPretrainDataModule(
+            seq_len=128,
+            cloze_per_passage=6,
+            extra_text_files=[shakespeare],
+            cache_dir=str(work / "cache"),
+            batch_size=32,
+            eval_batch_size=64,
+            **DATA,  # type: ignore[arg-type]
+        )
+        task = LanguageSFT(
+            LlamaConfig(**MODEL),
+            lr=2e-3,
+            weight_decay=0.1,
+            warmup_steps=100,
+            cosine=True,
+            generate=False,
+            export_dir=str(work / "base"),
+        )
+        return task, dm
+
+    def record(fit: pt.Fit) -> dict[str, Any]:
+        return {
+            "steps": steps,
+            "seconds": fit.seconds,
+            "train_loss_trace": fit.trace,
+            "val_loss": float(fit.trainer.callback_metrics["val/loss"]),
+            "train_chunks": len(fit.dm.chunks["train"]),
+            "params": sum(p.numel() for p in fit.task.parameters()),
+        }
+
+    return pt.pretrain(
+        work / "pretrain.json", work, steps, build, record, every=50,
+        val_check_interval=500, limit_val_batches=20,
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -247,9 +223,9 @@ def run_sft(
         max_new_tokens=24,
         target_gain=0.95,
     )
-    trace = LossTrace()
+    trace = pt.LossTrace(every=50)
     t0 = time.time()
-    trainer = _trainer(work, max_epochs=epochs, callbacks=[trace], limit_val_batches=0)
+    trainer = pt.lm_trainer(work, max_epochs=epochs, callbacks=[trace], limit_val_batches=0)
     trainer.fit(task, dm)
     fit_s = time.time() - t0
     res = trainer.test(task, dm, verbose=False)[0]
@@ -286,9 +262,7 @@ def run_sft(
         result["q_final"] = [layer.process_noise().tolist() for layer in task.model.model.layers]
     result["per_question_ce"] = per_question_ce(task, dm)
     result["analysis"] = analyse(task, dm)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(result))
-    return result
+    return save_run(file, result)
 
 
 def _scores(pred: str, golds: list[str]) -> tuple[float, float]:
@@ -298,12 +272,6 @@ def _scores(pred: str, golds: list[str]) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- report
-def _mean_se(x: list[float]) -> tuple[float, float]:
-    a = np.asarray(x, dtype=float)
-    se = float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else float("nan")
-    return float(a.mean()), se
-
-
 def _question_values(run: dict, metric: str) -> dict[str, float]:
     if metric == "ce":
         return run["per_question_ce"]
@@ -314,27 +282,11 @@ def _paired(
     runs: list[dict], a: str, b: str, noise: float, k: int, metric: str = "f1"
 ) -> tuple[float, float, int]:
     """Mean per-question difference a - b (F1 or answer CE), same questions and seed."""
-    diffs = []
-    for ra in runs:
-        if (ra["method"], ra["noise_rate"], ra["distractors"]) != (a, noise, k):
-            continue
-        key = (b, noise, k, ra["seed"])
-        rb = next(
-            (r for r in runs if (r["method"], r["noise_rate"], r["distractors"], r["seed"]) == key),
-            None,
-        )
-        if rb is None:
-            continue
-        va, vb = _question_values(ra, metric), _question_values(rb, metric)
-        diffs += [va[q] - vb[q] for q in va]
-    if not diffs:
-        return float("nan"), float("nan"), 0
-    d = np.asarray(diffs)
-    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d)
+    return paired_runs(runs, a, b, noise, k, lambda r: _question_values(r, metric))
 
 
 def report(out: Path, work: Path) -> None:
-    runs = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("*.json"))]
+    runs = read_runs(out / "runs")
     if not runs:
         raise SystemExit(f"no runs in {out / 'runs'}")
     pre = (
@@ -359,9 +311,9 @@ def report(out: Path, work: Path) -> None:
             ]
             if not rs:
                 continue
-            em, em_se = _mean_se([100 * r["test_em"] for r in rs])
-            f1, f1_se = _mean_se([100 * r["test_f1"] for r in rs])
-            ce, ce_se = _mean_se([r["test_loss"] for r in rs])
+            em, em_se = mean_se([100 * r["test_em"] for r in rs])
+            f1, f1_se = mean_se([100 * r["test_f1"] for r in rs])
+            ce, ce_se = mean_se([r["test_loss"] for r in rs])
             summary[f"{m}_np{noise:g}_k{k}"] = {
                 "em": em,
                 "em_se": em_se,
@@ -469,7 +421,7 @@ def _cond(runs: list[dict], m: str, noise: float, k: int, key: str, scale: float
         for r in runs
         if (r["method"], r["noise_rate"], r["distractors"]) == (m, noise, k)
     ]
-    mu, se = _mean_se(vals) if vals else (float("nan"), float("nan"))
+    mu, se = mean_se(vals) if vals else (float("nan"), float("nan"))
     return mu, 0.0 if math.isnan(se) else se
 
 
@@ -599,7 +551,7 @@ def checkpoint_run(
         target_gain=0.95,
         **opts,
     )
-    trace = LossTrace(every=a.log_every)
+    trace = pt.LossTrace(every=a.log_every)
     cuda = torch.cuda.is_available() and a.accelerator != "cpu"
     t0 = time.time()
     trainer = L.Trainer(
@@ -633,7 +585,7 @@ def checkpoint_run(
         "distractors": k,
         "seed": seed,
         "checkpoint_dir": str(a.checkpoint_dir),
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "device": device_name("cuda:0") if cuda else "cpu",
         "test_em": res["test/em"],
         "test_f1": res["test/f1"],
         "test_loss": res["test/loss"],
@@ -643,9 +595,7 @@ def checkpoint_run(
         "train_loss_trace": trace.trace,
         "per_question": per_q,
     }
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(out))
-    return out
+    return save_run(file, out)
 
 
 def checkpoint_protocol(a: argparse.Namespace) -> list[dict[str, Any]]:

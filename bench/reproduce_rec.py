@@ -31,20 +31,29 @@ import lightning as L
 import numpy as np
 import torch
 
-from bft_lightning.cli import main as cli_main
-from bft_lightning.metrics.report import write_text_atomic
-from bft_lightning.metrics.strata import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.hardware import device_name, threads  # noqa: E402
+from common.paired import hits, ndcg, paired  # noqa: E402
+from common.runs import (  # noqa: E402
+    RANK_FILES,
+    archive_run,
+    by_protocol,
+    load_runs,
+)
+from common.runs import layer_gains as layer_gains  # noqa: E402  (read by tests)
+from common.tables import write_summary  # noqa: E402
+
+from bft_lightning.cli import main as cli_main  # noqa: E402
+from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
+from bft_lightning.metrics.strata import (  # noqa: E402
     assign_item_stratum,
     assign_user_bucket,
     history_buckets,
     popularity_quartiles,
 )
-from bft_lightning.utils import EpochTimer
+from bft_lightning.utils import EpochTimer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-# per-user test ranks of a run, by evaluation convention: the user's seen items kept in
-# the ranking, or excluded from it as the field's published tables do
-RANK_FILES = {"unmasked": "ranks.npy", "seen_masked": "ranks_seen_masked.npy"}
 PROTOCOL_TITLES = {
     "seen_masked": "seen items excluded from the ranking (the published tables' convention)",
     "unmasked": "seen items kept in the ranking",
@@ -164,42 +173,6 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     return summary
 
 
-def archive_run(out: Path, results_dir: Path) -> Path:
-    """A finished run's results, small enough to commit: ``<results>/runs/<table>/<run>/``
-    with its summary, per-user test ranks under each convention with the targets,
-    history lengths and item counts (compressed), the layer gains and the resolved
-    config. Run folders (checkpoints) do not survive a change of machine; these do,
-    and :func:`load_runs` rebuilds every table from them."""
-    dest = results_dir / "runs" / out.parent.name / out.name
-    dest.mkdir(parents=True, exist_ok=True)
-    arrays = {name.removesuffix(".npy"): np.load(out / name)
-              for name in (*RANK_FILES.values(), "targets.npy", "history_len.npy",
-                           "item_frequency.npy") if (out / name).exists()}  # fmt: skip
-    np.savez_compressed(dest / "arrays.npz", **arrays)
-    write_text_atomic(dest / "layer_gain.json", json.dumps(layer_gains(out)))
-    for config in sorted(out.glob("tb/version_*/config.yaml"))[-1:]:  # repository-relative
-        write_text_atomic(dest / "config.yaml", config.read_text().replace(f"{ROOT}/", ""))
-    write_text_atomic(dest / "summary.json", (out / "summary.json").read_text())
-    return dest
-
-
-def _archived(dest: Path) -> dict:
-    """One run as :func:`load_runs` returns it, from its :func:`archive_run` folder."""
-    arrays = np.load(dest / "arrays.npz")
-    summary = json.loads((dest / "summary.json").read_text())
-    by_protocol = {p: arrays[n.removesuffix(".npy")] for p, n in RANK_FILES.items()
-                   if n.removesuffix(".npy") in arrays and p in run_protocols(summary)}  # fmt: skip
-    if "protocols" not in summary:
-        by_protocol = {run_protocols(summary)[0]: arrays["ranks"]}
-    return {
-        "summary": summary, "ranks_by_protocol": by_protocol, "targets": arrays["targets"],
-        "ranks": by_protocol.get("unmasked", next(iter(by_protocol.values()))),
-        "item_frequency": arrays["item_frequency"],
-        "history_len": arrays["history_len"] if "history_len" in arrays else None,
-        "layer_gain": json.loads((dest / "layer_gain.json").read_text()),
-    }  # fmt: skip
-
-
 def _settings(args: argparse.Namespace) -> dict:
     """What a run's result depends on beyond its variant, seed and folder (a finished
     run is reused only by a command with the same settings)."""
@@ -210,10 +183,7 @@ def _settings(args: argparse.Namespace) -> dict:
 
 
 def _hardware(trainer: L.Trainer) -> str:
-    device = trainer.strategy.root_device
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu, {torch.get_num_threads()} threads"
+    return device_name(trainer.strategy.root_device) or f"cpu, {threads()}"
 
 
 def _alive(pid: int) -> bool:
@@ -241,20 +211,6 @@ def _tau_stats(model: torch.nn.Module) -> dict | None:
     q = torch.quantile(log_tau, torch.tensor([0.1, 0.5, 0.9]))
     return {"mean": float(log_tau.mean()), "std": float(log_tau.std()),
             "p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])}  # fmt: skip
-
-
-def paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Mean and standard error of the per-user difference ``b - a``."""
-    d = b - a
-    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
-
-
-def hits(ranks: np.ndarray, k: int = 10) -> np.ndarray:
-    return (ranks < k).astype(float)
-
-
-def ndcg(ranks: np.ndarray, k: int = 10) -> np.ndarray:
-    return np.where(ranks < k, 1.0 / np.log2(ranks + 2.0), 0.0)
 
 
 def _per_user(runs: dict, variant: str, seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -684,95 +640,6 @@ def _run_parallel(
     return failed
 
 
-def load_runs(base: Path, variants: list[str], results_dir: Path | None = None) -> dict:
-    """Every finished run under ``base`` (also those of other processes or earlier calls),
-    and, with ``results_dir``, every run archived there (``archive_run``) whose folder is
-    not here: a table is rebuilt from the committed results alone."""
-    runs = {}
-    if results_dir is not None:
-        for done in sorted((results_dir / "runs" / base.name).glob("*_s*/summary.json")):
-            variant, seed = done.parent.name.rsplit("_s", 1)
-            if variant in variants and not (base / done.parent.name / "summary.json").exists():
-                runs[(variant, int(seed))] = _archived(done.parent)
-    for done in sorted(base.glob("*_s*/summary.json")):
-        out = done.parent
-        variant, seed = out.name.rsplit("_s", 1)
-        if variant not in variants:
-            continue
-        summary = json.loads(done.read_text())
-        by_protocol = {
-            protocol: np.load(out / name)
-            for protocol, name in RANK_FILES.items()
-            if (out / name).exists() and protocol in run_protocols(summary)
-        }
-        if "protocols" not in summary:  # written before both were kept: one convention
-            by_protocol = {run_protocols(summary)[0]: np.load(out / "ranks.npy")}
-        runs[(variant, int(seed))] = {
-            "summary": summary, "ranks_by_protocol": by_protocol,
-            "ranks": by_protocol.get("unmasked", next(iter(by_protocol.values()))),
-            "targets": np.load(out / "targets.npy"),
-            "item_frequency": np.load(out / "item_frequency.npy"),
-            "history_len": np.load(out / "history_len.npy")
-            if (out / "history_len.npy").exists() else None,
-            "layer_gain": layer_gains(out),
-        }  # fmt: skip
-    return runs
-
-
-def run_protocols(summary: dict) -> list[str]:
-    """The conventions a finished run kept ranks for. Runs from before both were kept
-    hold one ``ranks.npy``: the seen-masked one if the run's overrides set
-    ``mask_history=true``, else the unmasked one."""
-    if "protocols" in summary:
-        return list(summary["protocols"])
-    override = " ".join((summary.get("settings") or {}).get("override", []))
-    return ["seen_masked" if "mask_history=true" in override.lower() else "unmasked"]
-
-
-def by_protocol(runs: dict) -> dict[str, dict]:
-    """``{protocol: runs}`` with each run's ``ranks`` under that convention, for every
-    convention that all the runs kept (seen-masked first: the published tables')."""
-    common = set.intersection(*(set(r["ranks_by_protocol"]) for r in runs.values()))
-    return {
-        protocol: {key: {**r, "ranks": r["ranks_by_protocol"][protocol]} for key, r in runs.items()}
-        for protocol in ("seen_masked", "unmasked")
-        if protocol in common
-    }
-
-
-def layer_gains(out: Path) -> dict[str, list[float]]:
-    """Mean Kalman gain per layer of the item tokens by their own popularity quartile
-    (Q0..Q3) on test, from the run's ``gain_by_stratum_test.json`` (``GainByStratum``;
-    runs written before the stage was in the name: ``gain_by_stratum.json``, and
-    before that file existed: its ``.md`` tables); empty when the run has none
-    (off twin, or no such callback)."""
-    files = sorted(out.glob("tb/version_*/gain_by_stratum_test.json")) or sorted(
-        out.glob("tb/version_*/gain_by_stratum.json")
-    )
-    if files:
-        table = json.loads(files[-1].read_text())
-        return {
-            name: [math.nan if k is None else k for k in row]
-            for name, row in zip(table["layers"], table["K"], strict=True)
-        }
-    files = sorted(out.glob("tb/version_*/gain_by_stratum_test.md")) or sorted(
-        out.glob("tb/version_*/gain_by_stratum.md")
-    )
-    if not files:
-        return {}
-    gains, section = {}, False
-    for line in files[-1].read_text().splitlines():
-        if line.startswith("### "):
-            section = line.startswith("### Mean Kalman gain")
-        elif section and line.startswith("| ") and not line.startswith("| |"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            try:
-                gains[cells[0]] = [float(c) for c in cells[1:5]]
-            except ValueError:
-                continue
-    return gains
-
-
 def report(args: argparse.Namespace, runs: dict) -> None:
     seeds = sorted({s for _, s in runs})
     rows = []
@@ -787,82 +654,6 @@ def report(args: argparse.Namespace, runs: dict) -> None:
     first = [r for r in rows if r["protocol"] == rows[0]["protocol"]] if rows else []
     plot(first, stem.with_suffix(".png"), stem.name.replace("_", " ") + protocol_note(first))
     write_summary(res)
-
-
-SUMMARY_KEYS = (
-    "dataset", "backbone", "tag", "variant", "seeds", "hr10", "ndcg10", "paired_delta_hr10",
-    "paired_se_hr10", "paired_delta_hr10_q0", "paired_se_hr10_q0", "paired_delta_ndcg10",
-    "paired_se_ndcg10", "paired_delta_hr10_cold", "paired_se_hr10_cold",
-)  # fmt: skip
-
-
-def write_summary(res: Path) -> None:
-    """``summary.json``: one row per (dataset, backbone, variant) over every table written.
-
-    Every row says whether its setting was chosen on validation from a shared grid
-    (``tuned``; the rows of ``selected/*.json``, written by ``select_by_validation.py``,
-    are; a table's own rows, one fixed setting, are not), the share of training items
-    replaced by random ones (``noise``), the metric the choice was made on
-    (``chosen_by``; rows of ``tuned/*.json``, written by ``tune_twins.py``, carry the
-    trial budget, ``trials``, too), and the paired deltas to the off twin with their SEs overall, on
-    the rarest item quartile (``q0``) and on the coldest users (``cold``); the off twin's
-    own rows carry None there.
-    """
-    rows = []
-    for table in sorted(res.glob("*_*.json")):
-        if table.name == "summary.json":
-            continue
-        for row in json.loads(table.read_text()):
-            out = {k: row.get(k) for k in SUMMARY_KEYS}
-            out.update(tuned=False, noise=float(row.get("noise", 0.0)), chosen_by=None,
-                       protocol=row_protocol(row), trials=None)  # fmt: skip
-            rows.append(out)
-    for sel in sorted((res / "selected").glob("*.json")):
-        rows.extend(selected_rows(sel))
-    # twins tuned at the same budget (bench/tune_twins.py writes these rows itself)
-    for tuned in sorted((res / "tuned").glob("*.json")):
-        rows.extend(json.loads(tuned.read_text()).get("summary_rows", []))
-    write_text_atomic(res / "summary.json", json.dumps(rows, indent=1))
-
-
-def row_protocol(row: dict) -> str:
-    """A table row's evaluation convention: its own ``protocol``, else (tables written
-    before it was recorded) seen-masked only if its runs' overrides set mask_history."""
-    if row.get("protocol"):
-        return str(row["protocol"])
-    commands = " ".join(row.get("commands", [])).lower()
-    return "seen_masked" if "mask_history=true" in commands else "unmasked"
-
-
-def selected_rows(path: Path) -> list[dict]:
-    """The two chosen twins of one ``select_by_validation.py`` output, as summary rows."""
-    doc = json.loads(path.read_text())
-    comp, grid = doc["comparison"], doc["settings"]
-    out = []
-    for twin in ("off", "on"):
-        table, variant = comp[twin].rsplit(":", 1)
-        setting = next(r for r in grid if r["table"] == table and r["variant"] == variant)
-        dataset, backbone = table.split("_")[:2]
-        row = {
-            "dataset": dataset, "backbone": backbone, "tag": f"selected/{path.stem}",
-            "variant": variant, "seeds": setting["seeds"], "hr10": setting["hr10"],
-            "ndcg10": setting["ndcg10"], "setting": comp[twin],
-            "grid": sorted(f"{r['table']}:{r['variant']}" for r in grid if r["twin"] == twin),
-            "tuned": True, "noise": float(doc.get("noise", 0.0)),
-            "protocol": doc.get("protocol", "unmasked"),
-            "trials": sum(1 for r in grid if r["twin"] == twin),
-            "chosen_by": "val/ndcg@10 (mean of the best over the seeds)",
-        }  # fmt: skip
-        for key, name in (
-            ("hr10", "delta_hr10"),
-            ("ndcg10", "delta_ndcg10"),
-            ("hr10_q0", "delta_hr10_q0"),
-            ("hr10_cold", "delta_hr10_cold"),
-        ):
-            delta, se = comp[name] if twin == "on" else (None, None)
-            row[f"paired_delta_{key}"], row[f"paired_se_{key}"] = delta, se
-        out.append(row)
-    return out
 
 
 if __name__ == "__main__":

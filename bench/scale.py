@@ -64,6 +64,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's bft_lightning, as the child processes get
+sys.path.insert(0, str(REPO / "bench"))
+from common.hardware import commit, load_averages, peak_rss_gib  # noqa: E402
+
 # label: (interactions, items, timed training batches, evaluated users; 0 = all)
 CASES = {"1e5": (100_000, 10_000, 20, 0), "1e6": (1_000_000, 100_000, 20, 0)}
 LARGE = {"1e7": (10_000_000, 1_000_000, 3, 4096)}
@@ -206,7 +209,7 @@ def child_read(path: str, kind: str) -> dict[str, float]:
         "read_s": read_s, "kcore_s": kcore_s, "split_s": split_s, "peak_mb": peak,
         "final_mb": final, "rows": log.num_interactions, "users": log.num_users,
         "check": float(np.sum(np.diff(log.offsets) ** 2)), "digest": digest,
-        "peak_rss_gib": _vmhwm_gib(),
+        "peak_rss_gib": peak_rss_gib(),
     }  # fmt: skip
 
 
@@ -233,7 +236,7 @@ def child_pandas(path: str, kind: str) -> dict[str, float]:
     read_s = time.perf_counter() - t0
     return {
         "pandas_s": read_s, "pandas_peak_mb": _peak_mb() - base, "rows": len(items),
-        "check": float(np.sum(np.diff(offsets) ** 2)), "peak_rss_gib": _vmhwm_gib(),
+        "check": float(np.sum(np.diff(offsets) ** 2)), "peak_rss_gib": peak_rss_gib(),
     }  # fmt: skip
 
 
@@ -269,7 +272,7 @@ def child_cache(path: str, kind: str) -> dict[str, float]:
     assert mapped is not None and len(mapped.items) == len(data.items)
     return {"cache_build_s": build, "cache_open_s": open_s, "cache_map_s": map_s,
             "cache_open_rss_mb": _rss_mb() - base, "cache_rows": len(data.items),
-            "peak_rss_gib": _vmhwm_gib()}  # fmt: skip
+            "peak_rss_gib": peak_rss_gib()}  # fmt: skip
 
 
 def _datamodule(path: str, work: Path):  # type: ignore[no-untyped-def]
@@ -315,7 +318,7 @@ def child_train(path: str, spec: str) -> dict[str, float | str]:
     if loss == "ce" and logits_gb > args["ce_limit_gb"]:
         out["note"] = (f"ce not run: its logits, softmax and gradient need {logits_gb:.1f} GiB "
                        f"a batch of {BATCH} rows (over {args['ce_limit_gb']:g} GiB)")  # fmt: skip
-        out["peak_rss_gib"] = _vmhwm_gib()
+        out["peak_rss_gib"] = peak_rss_gib()
         return out
     task = _task(dm.num_items, loss)
     timer = _timer_class()()
@@ -325,7 +328,7 @@ def child_train(path: str, spec: str) -> dict[str, float | str]:
     out |= {f"train_{loss}_s_per_M": timer.seconds / max(timer.targets, 1) * 1e6,
             f"train_{loss}_cpu_s_per_M": timer.cpu / max(timer.targets, 1) * 1e6,
             "batches": timer.seen - 1, "targets": timer.targets,
-            "peak_rss_gib": _vmhwm_gib()}  # fmt: skip
+            "peak_rss_gib": peak_rss_gib()}  # fmt: skip
     return out
 
 
@@ -369,7 +372,7 @@ def child_eval(path: str, spec: str) -> dict[str, float]:
             "bound_full_cpu_s": bound_cpu * total / users,
             "eval_users": users, "eval_users_total": total,
             "eval_full_s": loop.seconds * total / users, "bound_full_s": bound_s * total / users,
-            "num_items": dm.num_items, "peak_rss_gib": _vmhwm_gib()}  # fmt: skip
+            "num_items": dm.num_items, "peak_rss_gib": peak_rss_gib()}  # fmt: skip
 
 
 def child_optim(path: str, spec: str) -> dict[str, float]:
@@ -393,14 +396,7 @@ def child_optim(path: str, spec: str) -> dict[str, float]:
     return {"optim_step_s": (time.perf_counter() - t0) / n,
             "optim_step_cpu_s": (time.process_time() - c0) / n,
             "params": sum(q.numel() for q in task.parameters()),
-            "peak_rss_gib": _vmhwm_gib()}  # fmt: skip
-
-
-def _vmhwm_gib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20
-    return _peak_mb() / 1024
+            "peak_rss_gib": peak_rss_gib()}  # fmt: skip
 
 
 def _loop_timer_class():  # type: ignore[no-untyped-def]
@@ -496,16 +492,6 @@ def growth(xs: list[float], ys: list[float | None]) -> str:
     return f"{np.polyfit(lx, ly, 1)[0]:.2f}"
 
 
-def _load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def _commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=REPO, check=False)  # fmt: skip
-    return proc.stdout.strip()
-
-
 def run_case(label: str, steps: list[str], args: argparse.Namespace, results: dict) -> None:
     """Run ``steps`` of one case, merging each step's result into ``results[label]``."""
     n, items, batches, users = (CASES | LARGE)[label]
@@ -517,7 +503,7 @@ def run_case(label: str, steps: list[str], args: argparse.Namespace, results: di
         write_csv(path, make_log(n, items, args.seed), "amazon")
     case = results.setdefault(label, {"n": n, "items": items, "steps": {}})
     for step in steps:
-        load, t0 = _load(), time.perf_counter()
+        load, t0 = load_averages(), time.perf_counter()
         if step in ("read", "pandas", "cache"):
             out = run_child(step, path, "amazon")
         elif step.startswith("train:"):
@@ -533,7 +519,7 @@ def run_case(label: str, steps: list[str], args: argparse.Namespace, results: di
         else:
             raise SystemExit(f"unknown step {step!r}: read, pandas, cache, train:<loss>, "
                              "optim, eval")  # fmt: skip
-        out |= {"load_before": load, "wall_s": time.perf_counter() - t0, "commit": _commit(),
+        out |= {"load_before": load, "wall_s": time.perf_counter() - t0, "commit": commit(REPO),
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
         case["steps"][step] = out
         read, pandas = case["steps"].get("read"), case["steps"].get("pandas")

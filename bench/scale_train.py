@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -38,27 +37,12 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from common.hardware import cpu_note, peak_rss_gib  # noqa: E402
 
 SCALE = dict(users=200_000, items=1_000_000, mean_len=50.0, max_len=50, d_model=64)
 if os.environ.get("SCALE_TRAIN_SMOKE"):  # a quick check of the script itself
     SCALE.update(users=2_000, items=20_000)
-
-
-def peak_rss_gib() -> float:
-    """The process's peak resident set (``VmHWM``), GiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 # ---------------------------------------------------------------------------- generate
@@ -224,7 +208,7 @@ def main() -> None:
     if a.what == "report":
         write_report(results, out.with_suffix(".md"))
         return
-    results["cpu"] = f"{cpu_name()}, {os.cpu_count()} cores"
+    results["cpu"] = cpu_note()
     if a.what in ("all", "generate"):
         results["generate"] = [
             child(["generate", "5000", str(n)]) for n in (20_000, 50_000, 100_000, 1_000_000)

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reproduce_rec as rr  # noqa: E402  (a sibling script, not a package)
+from common.paired import hits, mean_se, ndcg, paired  # noqa: E402
+from common.runs import run_arrays  # noqa: E402
 
 from bft_lightning.metrics.strata import (  # noqa: E402
     assign_item_stratum,
@@ -80,11 +81,7 @@ def load_setting(base: Path, table: str, variant: str, seeds: list[int]) -> dict
         if not (out / "summary.json").exists():
             raise SystemExit(f"{out}: no finished run (summary.json missing)")
         runs[seed] = {
-            "ranks": np.load(out / "ranks.npy"), "targets": np.load(out / "targets.npy"),
-            "item_frequency": np.load(out / "item_frequency.npy"),
-            "history_len": np.load(out / "history_len.npy")
-            if (out / "history_len.npy").exists() else None,  # older runs did not save it
-            "val": best_validation(out),
+            "ranks": np.load(out / "ranks.npy"), **run_arrays(out), "val": best_validation(out),
             "summary": json.loads((out / "summary.json").read_text()),
         }  # fmt: skip
     return runs
@@ -104,7 +101,7 @@ def strata_of(run: dict, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def per_user(runs: dict, seeds: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ranks = np.stack([runs[s]["ranks"] for s in seeds])
     seen = (ranks >= 0).all(0)
-    return rr.hits(ranks).mean(0), rr.ndcg(ranks).mean(0), seen
+    return hits(ranks).mean(0), ndcg(ranks).mean(0), seen
 
 
 def main() -> None:
@@ -178,10 +175,10 @@ def main() -> None:
     comparison = {
         "off": f"{chosen['off']['table']}:{chosen['off']['variant']}",
         "on": f"{chosen['on']['table']}:{chosen['on']['variant']}",
-        "delta_hr10": rr.paired(hr_a[seen], hr_b[seen]),
-        "delta_ndcg10": rr.paired(nd_a[seen], nd_b[seen]),
-        "delta_hr10_q0": rr.paired(hr_a[seen & q0], hr_b[seen & q0]),
-        "delta_hr10_cold": rr.paired(hr_a[seen & cold], hr_b[seen & cold]),
+        "delta_hr10": paired(hr_a[seen], hr_b[seen]),
+        "delta_ndcg10": paired(nd_a[seen], nd_b[seen]),
+        "delta_hr10_q0": paired(hr_a[seen & q0], hr_b[seen & q0]),
+        "delta_hr10_cold": paired(hr_a[seen & cold], hr_b[seen & cold]),
         "per_seed_delta_hr10": [
             float(per_user(b, [s])[0][seen].mean() - per_user(a, [s])[0][seen].mean())
             for s in args.seeds
@@ -242,8 +239,8 @@ def render(rows: list[dict], chosen: dict, comparison: dict, args: argparse.Name
         each = ", ".join(f"{d:+.4f}" for d in deltas)
         if len(deltas) < 2:
             return each
-        se = float(np.std(deltas, ddof=1)) / math.sqrt(len(deltas))
-        return f"{each}; mean {np.mean(deltas):+.4f} ({se:.4f})"
+        mean, se = mean_se(deltas)
+        return f"{each}; mean {mean:+.4f} ({se:.4f})"
 
     lines += [
         "",

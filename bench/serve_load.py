@@ -40,6 +40,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from common.hardware import cpu_note  # noqa: E402
 
 CATALOGUES = {"beauty": "amazon-beauty-s3rec", "1m": "synthetic"}
 CONCURRENCY = (1, 8, 32)
@@ -490,9 +492,7 @@ def load(args: argparse.Namespace, results: dict) -> None:
 
 
 def host() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())  # fmt: skip
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    return f"{cpu_note()}, Python {platform.python_version()}"
 
 
 def report(results: dict, path: Path) -> None:

@@ -28,14 +28,18 @@ pass for both).
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
 
-from bft_lightning.cli import main as cli_main
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.hardware import device_name, threads  # noqa: E402
+
+from bft_lightning.cli import main as cli_main  # noqa: E402
+from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "results" / "perf" / "train_throughput.md"
@@ -113,18 +117,9 @@ def measure(backbone: str, precision: str, compile_: bool, args: argparse.Namesp
     }  # fmt: skip
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename: an interrupted run leaves the old file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _hardware(device: torch.device) -> str:
-    threads = f"{torch.get_num_threads()} threads"
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} ({threads} on the host)"
-    return threads
+    name = device_name(device)
+    return f"{name} ({threads()} on the host)" if name else threads()
 
 
 def main() -> None:
@@ -182,7 +177,7 @@ def main() -> None:
         + ([f"--out {args.out}"] if Path(args.out).resolve() != DEFAULT_OUT else [])
     )
     machine = ", ".join(sorted({r["hardware"] for r in rows}))
-    _write_atomic(
+    write_text_atomic(
         Path(args.out),
         "# Training throughput on Amazon Beauty\n\n"
         f"Command: `{cmd}`\n\n"

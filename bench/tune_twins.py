@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reproduce_rec as rr  # noqa: E402  (a sibling script, not a package)
+from common.tables import summary_row, tuned_name, write_summary  # noqa: E402
 
 from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
 
@@ -52,8 +53,7 @@ def _space(args: argparse.Namespace) -> str:
 def study_name(args: argparse.Namespace, twin: str) -> str:
     """``<dataset>_<backbone>[_<space>]_<twin>``: the space is named when it is not the
     backbone's own. Noise is not in it: the noisy rows retrain the clean study's choice."""
-    space = "" if _space(args) == args.backbone else f"_{_space(args)}"
-    return f"{args.dataset}_{args.backbone}{space}_{twin}"
+    return f"{tuned_name(args.dataset, args.backbone, _space(args), 0.0)}_{twin}"
 
 
 def study_args(args: argparse.Namespace, twin: str) -> list[str]:
@@ -125,8 +125,7 @@ def retrain_args(args: argparse.Namespace, best: dict[str, Any]) -> argparse.Nam
 
 def setting_name(args: argparse.Namespace) -> str:
     """The comparison's name: ``<dataset>_<backbone>[_<space>][_noise<pct>]``."""
-    name = study_name(args, "x").removesuffix("_x")
-    return name + (f"_noise{round(100 * args.noise)}" if args.noise else "")
+    return tuned_name(args.dataset, args.backbone, _space(args), args.noise)
 
 
 def main() -> None:
@@ -241,9 +240,8 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
     summary_rows = []
     for row in rows:
         twin = "off" if row["variant"] == "off" else "on"
-        summary = {k: row.get(k) for k in rr.SUMMARY_KEYS}
-        summary.update(
-            tag=f"tuned/{setting_name(args)}", variant=twin, tuned=True,
+        summary = summary_row(
+            row, tag=f"tuned/{setting_name(args)}", variant=twin, tuned=True,
             protocol=row["protocol"],
             noise=float(args.noise), chosen_by=f"{best[twin]['monitor']} (best of "
             f"{args.trials} trials, TPE seed {args.sampler_seed}, pruner {args.pruner})",
@@ -252,7 +250,7 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
         summary_rows.append(summary)
     doc = {"command": args.command, "studies": best, "rows": rows, "summary_rows": summary_rows}
     write_text_atomic(out.with_suffix(".json"), json.dumps(doc, indent=1, default=str))
-    rr.write_summary(res)
+    write_summary(res)
     print(out.with_suffix(".md").read_text())
 
 

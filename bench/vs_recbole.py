@@ -55,8 +55,12 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from bft_lightning.cli import main as cli_main
-from bft_lightning.utils import EpochTimer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.hardware import load_average  # noqa: E402
+
+from bft_lightning.cli import main as cli_main  # noqa: E402
+from bft_lightning.metrics.report import write_text_atomic  # noqa: E402
+from bft_lightning.utils import EpochTimer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECBOLE_VERSION = "1.2.1"
@@ -456,11 +460,6 @@ def _best_epoch(scores: list[float]) -> int | None:
     return scores.index(max(scores)) + 1 if scores else None
 
 
-def load_average() -> float:
-    """The 1-minute load average (NaN where the OS has none)."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-
-
 def machine_note(threads: int, load_before: float, load_after: float) -> str:
     """Cores, threads per run and the load average around the runs."""
     cores = os.cpu_count() or 0
@@ -647,14 +646,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename: an interrupted run leaves the old file
-    (``--report-from`` reads the summary back)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report_from is not None:  # rewrite the results file from a finished run
@@ -706,7 +697,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     info["elapsed_s"] = time.perf_counter() - started
-    _write_atomic(work / "summary.json", json.dumps({"rows": rows, "info": info}, indent=1))
+    # atomic: --report-from reads the summary back
+    write_text_atomic(work / "summary.json", json.dumps({"rows": rows, "info": info}, indent=1))
     write_results(args, rows, info)
 
 
@@ -715,7 +707,7 @@ def write_results(
 ) -> None:
     text = markdown(args, rows, info, info["elapsed_s"])
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(args.results, text)
+    write_text_atomic(args.results, text)
     print(text)
     print(f"wrote {args.results}")
 

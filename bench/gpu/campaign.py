@@ -20,10 +20,14 @@ import io
 import json
 import os
 import sqlite3
+import sys
 import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: its common helpers
+from common.tables import tuned_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGN = Path(os.environ.get("BFT_GPU_CAMPAIGN", Path(__file__).with_name("campaign.txt")))
@@ -42,9 +46,7 @@ class Step:
     @property
     def name(self) -> str:
         """``bench/tune_twins.py``'s ``setting_name``: the tuned table's file stem."""
-        space = "" if self.space == self.backbone else f"_{self.space}"
-        noise = f"_noise{round(100 * self.noise)}" if self.noise else ""
-        return f"{self.dataset}_{self.backbone}{space}{noise}"
+        return tuned_name(self.dataset, self.backbone, self.space, self.noise)
 
     def args(self) -> list[str]:
         """The step's own options of ``bench/tune_twins.py``."""

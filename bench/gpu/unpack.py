@@ -123,9 +123,9 @@ def campaign(archive: Path, root: Path) -> str:
         rec = _merge(src / "rec", res) if (src / "rec").is_dir() else []
         runs = _merge(src / "runs", root / "logs" / "tune_twins") if (src / "runs").is_dir() else []
     sys.path.insert(0, str(ROOT / "bench"))
-    import reproduce_rec
+    from common.tables import write_summary
 
-    reproduce_rec.write_summary(res)
+    write_summary(res)
     done = manifest.get("finished") or "none"
     return f"{len(rec)} files into {res}, {len(runs)} run files; steps finished: {done}"
 
