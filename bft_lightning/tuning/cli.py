@@ -117,7 +117,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         open_study,
         run_worker,
     )
-    from bft_lightning.tuning.trial import check_keys, config_yaml, plan_study
+    from bft_lightning.tuning.trial import TrialInterrupted, check_keys, config_yaml, plan_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -150,12 +150,21 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         _spawn(argv, opts.workers, url)
     else:
         objective = _objective(study, space, plan, name, out, prune=opts.pruner != "none")
-        run_worker(
-            study, opts.trials, objective,
-            lambda t: print(report.progress_line(t, plan.monitor), flush=True),
-            heartbeat=not url.startswith("journal:"), seed=opts.sampler_seed,
-            worker=opts.worker_index,
-        )  # fmt: skip
+        try:
+            run_worker(
+                study, opts.trials, objective,
+                lambda t: print(report.progress_line(t, plan.monitor), flush=True),
+                heartbeat=not url.startswith("journal:"), seed=opts.sampler_seed,
+                worker=opts.worker_index,
+            )  # fmt: skip
+        except TrialInterrupted as stop:
+            retried = "the trial is retried with its values, " if stop.number is not None else ""
+            print(
+                f"tune: {stop}; the study stops here. Rerun the same command to continue: "
+                f"{retried}the budget is unchanged",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+            return 143 if stop.how == "SIGTERM" else 130
     if opts.worker_only:
         return 0
     return _finish(study, space, plan, out, config_yaml)
@@ -165,7 +174,7 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    from bft_lightning.tuning.trial import TrialFailed, run_trial
+    from bft_lightning.tuning.trial import TrialFailed, TrialInterrupted, run_trial
 
     def objective(trial: optuna.Trial) -> float:
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -187,6 +196,9 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
         if result.state == "pruned":
             trial.set_user_attr("pruned", result.reason)
             raise optuna.TrialPruned(result.reason)
+        if result.state == "interrupted":  # not spent budget: retried by the next run
+            trial.set_user_attr("fail_kind", "interrupted")
+            raise TrialInterrupted(trial.number, result.reason or "a signal")
         if result.state == "fail":
             trial.set_user_attr("fail_reason", result.reason)
             trial.set_user_attr("fail_kind", result.kind)

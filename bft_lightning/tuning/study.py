@@ -18,8 +18,11 @@ trial too many (the loser's trial is recorded as failed with the user attribute
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +75,19 @@ def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
         raise ValueError(f"--storage {url}: {err}") from None
 
 
-def make_sampler(seed: int, trials_so_far: int = 0, worker: int = 0) -> optuna.samplers.BaseSampler:
-    """TPE seeded from (``--sampler-seed``, the number of trials in the study, the worker).
+def startup_trials(budget: int | None) -> int:
+    """TPE's random trials before its model takes over: a third of the budget, from 3 to
+    10 (Optuna's default, 10, would leave a study of 10 trials a pure random search)."""
+    if budget is None:
+        return 10
+    return max(3, min(10, budget // 3))
+
+
+def make_sampler(
+    seed: int, trials_so_far: int = 0, worker: int = 0, budget: int | None = None
+) -> optuna.samplers.BaseSampler:
+    """TPE seeded from (``--sampler-seed``, the number of trials in the study, the worker),
+    with :func:`startup_trials` random trials first.
 
     A new sampler for each trial: a study run straight through draws the same values
     for the same seed, while a rerun after a kill, or a second worker, does not restart
@@ -81,7 +95,7 @@ def make_sampler(seed: int, trials_so_far: int = 0, worker: int = 0) -> optuna.s
     would draw trial 0's values again).
     """
     state = np.random.SeedSequence([seed, trials_so_far, worker]).generate_state(1)[0]
-    return optuna.samplers.TPESampler(seed=int(state))
+    return optuna.samplers.TPESampler(seed=int(state), n_startup_trials=startup_trials(budget))
 
 
 def prune_after_default(max_epochs: int | None) -> int:
@@ -173,6 +187,46 @@ def _fail_stale(study: optuna.Study) -> None:
         pass
 
 
+def _retry(study: optuna.Study, number: int | None) -> None:
+    """Enqueue an interrupted trial again with its values (as a killed one is, through
+    its stale heartbeat), at most ``MAX_RETRY`` times."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    if number is None:
+        return
+    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(study, frozen)
+
+
+_STOP: dict[str, str] = {}  # the signal that stopped this worker, once one has
+
+
+def stop_signal() -> str:
+    """How this worker was stopped: ``SIGTERM`` when the handler of
+    :func:`_sigterm_stops` ran, otherwise ``Ctrl+C`` (Python's own SIGINT)."""
+    return _STOP.get("how", "Ctrl+C")
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl+C (a KeyboardInterrupt), wherever it lands: in a trial's
+    fit (Lightning adds this handler after its own and shuts the run down), or between
+    trials. Python's default would end the process at once, leaving a RUNNING trial."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        _STOP["how"] = "SIGTERM"
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_worker(
     study: optuna.Study,
     budget: int,
@@ -190,9 +244,12 @@ def run_worker(
     without heartbeats (``journal:``) a running trial cannot be told from a killed
     one, and the worker stops instead.
     """
-    from bft_lightning.tuning.trial import TrialFailed
+    from bft_lightning.tuning.trial import TrialInterrupted
+
+    current: dict[str, int] = {}
 
     def guarded(trial: optuna.Trial) -> float:
+        current["number"] = trial.number
         ahead = [
             t for t in study.get_trials(deepcopy=False)
             if t.number < trial.number and (counts(t) or t.state == TrialState.RUNNING)
@@ -206,6 +263,29 @@ def run_worker(
         if not frozen.user_attrs.get("over_budget"):
             on_trial(frozen)
 
+    with _sigterm_stops():
+        try:
+            _run_until_budget(study, budget, guarded, report, heartbeat, seed, worker, poll)
+        except TrialInterrupted as stop:  # FAIL without a reason: enqueued again
+            _retry(study, stop.number)
+            raise
+        except KeyboardInterrupt:  # outside a trial's fit (its setup, or between trials)
+            number = current.get("number")
+            trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+            if trial is not None and trial.state == TrialState.FAIL and not counts(trial):
+                _retry(study, trial.number)
+            else:
+                number = None
+            raise TrialInterrupted(number, stop_signal()) from None
+
+
+def _run_until_budget(
+    study: optuna.Study, budget: int, guarded: Callable[[optuna.Trial], float],
+    report: Callable[[optuna.Study, FrozenTrial], None], heartbeat: bool, seed: int,
+    worker: int, poll: float,
+) -> None:  # fmt: skip
+    from bft_lightning.tuning.trial import TrialFailed
+
     while True:
         _fail_stale(study)
         trials = study.get_trials(deepcopy=False)
@@ -218,5 +298,5 @@ def run_worker(
                 return
             time.sleep(poll)
             continue
-        study.sampler = make_sampler(seed, len(trials), worker)
+        study.sampler = make_sampler(seed, len(trials), worker, budget)
         study.optimize(guarded, n_trials=1, catch=(TrialFailed, OverBudget), callbacks=[report])

@@ -43,7 +43,7 @@ class Plan:
 
 @dataclass
 class TrialResult:
-    state: str  # complete | pruned | fail
+    state: str  # complete | pruned | fail | interrupted
     value: float | None = None
     reason: str | None = None
     kind: str | None = None  # fail: diverged | out_of_memory | refused | error
@@ -52,6 +52,30 @@ class TrialResult:
 
 class TrialFailed(Exception):
     """Raised out of the objective so that Optuna records the trial as FAIL."""
+
+
+class TrialInterrupted(Exception):
+    """The trial was stopped from outside (SIGTERM, Ctrl+C): Optuna records it as FAIL
+    without a reason (it does not count toward the budget), and the worker stops; the
+    next run of the command retries it with its values, as it does a killed trial."""
+
+    def __init__(self, number: int | None, how: str) -> None:
+        what = f"trial {number}" if number is not None else "the study"
+        super().__init__(f"{what} interrupted by {how}")
+        self.number, self.how = number, how
+
+
+def _interruption(err: BaseException | None) -> str | None:
+    """``SIGTERM`` or ``Ctrl+C`` when ``err`` is how Lightning stops a run on that signal."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    if isinstance(err, SIGTERMException):
+        return "SIGTERM"
+    if isinstance(err, KeyboardInterrupt):  # SIGTERM too, in a study (study._sigterm_stops)
+        from bft_lightning.tuning.study import stop_signal
+
+        return stop_signal()
+    return None
 
 
 def _parse_only_class() -> type:
@@ -285,6 +309,10 @@ def _run_trial(
             if trainer.log_dir:
                 trial.set_user_attr("run_dir", str(trainer.log_dir))
 
+        def on_exception(self, trainer, pl_module, exception):  # type: ignore[no-untyped-def]
+            # Lightning turns Ctrl+C into sys.exit(1): the signal is only seen here
+            holder["interrupted"] = _interruption(exception)
+
     extra.append(Keep())
     result: TrialResult
     try:
@@ -292,8 +320,11 @@ def _run_trial(
         result = TrialResult("complete")
     except optuna.TrialPruned as err:
         result = TrialResult("pruned", reason=str(err) or "pruned")
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - every failure is a trial result
-        result = _failure(err)
+    except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - a trial result
+        how = _interruption(err) or holder.get("interrupted")
+        if how is None and isinstance(err, KeyboardInterrupt):
+            raise
+        result = TrialResult("interrupted", reason=how) if how else _failure(err)
     trainer = cli.trainer if cli is not None else holder.get("trainer")
     best = _best(trainer, plan, recorder)
     result.attrs.update(best, seconds=round(time.monotonic() - start, 1))

@@ -33,7 +33,13 @@ def _study(tmp: Path) -> optuna.Study:
     return optuna.load_study(study_name="s", storage=f"sqlite:///{tmp}/study.db")
 
 
-def test_killed_tuner_rerun_retries_the_killed_trial_and_keeps_the_rest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_killed_tuner_rerun_retries_the_killed_trial_and_keeps_the_rest(
+    sig: str, tmp_path: Path
+) -> None:
+    """Killed outright, the trial is left RUNNING and retried once its heartbeat is
+    stale; stopped by SIGTERM or Ctrl+C, the study stops at once (143, 130) with the
+    trial failed without a reason (not spent budget) and enqueued again."""
     args = _args(tmp_path, trials=3)
     proc = tune_process(args, REPO, tmp_path / "first.log")
     deadline = time.monotonic() + 240
@@ -49,10 +55,20 @@ def test_killed_tuner_rerun_retries_the_killed_trial_and_keeps_the_rest(tmp_path
         if any(t.number == 1 and t.state == TrialState.RUNNING for t in trials):
             time.sleep(1.0)
             break
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, getattr(signal, sig))
+    code = proc.wait(timeout=120)
     before = {t.number: t for t in _study(tmp_path).get_trials()}
-    assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
+    assert before[0].state == TrialState.COMPLETE
+    if sig == "SIGKILL":
+        assert before[1].state == TrialState.RUNNING
+    else:
+        first_log = (tmp_path / "first.log").read_text()
+        assert code == {"SIGTERM": 143, "SIGINT": 130}[sig], first_log
+        assert f"trial 1 interrupted by {'SIGTERM' if sig == 'SIGTERM' else 'Ctrl+C'}" in first_log
+        assert "Traceback" not in first_log
+        assert before[1].state == TrialState.FAIL and not counts(before[1])
+        assert before[1].user_attrs.get("fail_kind") == "interrupted"
+        assert sorted(before) == [0, 1, 2] and before[2].state == TrialState.WAITING
 
     rerun = tune_process(args, REPO, tmp_path / "rerun.log")
     rerun.wait(timeout=300)
