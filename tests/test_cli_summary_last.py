@@ -1,5 +1,6 @@
-"""The run's own summary is the last thing ``python -m bft_lightning`` prints: the progress
-bar's final frame comes before it, in a terminal and in a captured stream alike."""
+"""The run's own summary is the last thing ``python -m bft_lightning`` prints (fit, test,
+predict): the progress bar's final frame comes before it, in a terminal and in a captured
+stream alike."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _args(save_dir: Path) -> list[str]:
         "--config", str(CONFIG), f"--trainer.logger.init_args.save_dir={save_dir}",
         "--trainer.max_epochs=1", "--trainer.check_val_every_n_epoch=1",
         "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2",
-        "--trainer.limit_test_batches=2", "--data.init_args.synthetic_users=300",
+        "--trainer.limit_test_batches=2", "--trainer.limit_predict_batches=2",
+        "--data.init_args.synthetic_users=300",
         "--data.init_args.max_len=12", "--model.init_args.backbone.init_args.d_model=16",
     ]  # fmt: skip
 
@@ -91,6 +93,8 @@ def _check_last(stream: str, first: str, last: str) -> None:
 def test_the_summary_comes_after_the_progress_bar(tmp_path, tty: bool) -> None:
     fit = _run(["fit", *_args(tmp_path)], tmp_path, tty)
     _check_last(fit, "cut short: stopped at the cap max_epochs=1", "last.ckpt")
-    if tty:  # test's table the same way (one stage is enough for the captured stream)
+    if tty:  # test's table and predict's file the same way (fit is enough for a pipe)
         out = _run(["test", *_args(tmp_path), "--ckpt_path", "best"], tmp_path, tty)
         _check_last(out, "test metrics (full ranking)", "written to ")
+        out = _run(["predict", *_args(tmp_path), "--ckpt_path", "best"], tmp_path, tty)
+        _check_last(out, "RecommendationWriter: wrote", "predictions.csv")

@@ -14,7 +14,7 @@
   ``validate``: its one line of metrics.
 
 What ends a run is printed last: the progress bar draws its final frame first
-(:func:`_finish_bar`), so nothing of it follows the summary.
+(:func:`finish_progress_bar`), so nothing of it follows the summary.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from lightning.pytorch.callbacks import (
     RichModelSummary,
     RichProgressBar,
     Timer,
+    TQDMProgressBar,
 )
 from lightning.pytorch.utilities.model_summary import (
     get_formatted_model_size,
     get_human_readable_count,
 )
 
-__all__ = ["RunSummary", "stop_reason", "without_unmeasured_flops"]
+__all__ = ["RunSummary", "finish_progress_bar", "stop_reason", "without_unmeasured_flops"]
 
 _HEADLINE = (("ndcg@10", "NDCG@10"), ("hr@10", "HR@10"), ("mrr", "MRR"), ("gain", "mean K"))
 
@@ -51,16 +52,23 @@ def _say(trainer: Trainer, text: str) -> None:
         print(text, flush=True)
 
 
-def _finish_bar(trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+def finish_progress_bar(trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
     """Stop the progress bar now, so that what is printed next comes after its last frame.
 
     Rich's bar is a live display that redraws itself below anything printed while it runs
     and draws its final frame when it stops, at teardown, which comes after ``on_fit_end``
-    and ``on_test_end``; stopped here, its own teardown has nothing left to do. tqdm's bars
-    are closed by then (its ``on_train_end``, ``on_test_end``, ``on_validation_end``)."""
+    and ``on_test_end``; stopped here, its own teardown has nothing left to do. tqdm closes
+    the stage's bar in its ``on_*_end``, which a callback listed before it precedes: closed
+    here (closing twice does nothing)."""
     bar = trainer.progress_bar_callback
     if isinstance(bar, RichProgressBar):
         bar.teardown(trainer, pl_module, stage)
+    elif isinstance(bar, TQDMProgressBar):
+        name = {"fit": "train", "validate": "val"}.get(stage, stage)
+        try:
+            getattr(bar, f"{name}_progress_bar").close()
+        except (AttributeError, TypeError):  # no bar of that stage was made
+            pass
     for stream in (sys.stderr, sys.stdout):  # Lightning's log lines before ours
         stream.flush()
 
@@ -147,7 +155,7 @@ class RunSummary(Callback):
         if not parts:
             return
         if trainer.state.fn == "validate":  # a checkpoint's weights: no epoch, nothing to beat
-            _finish_bar(trainer, pl_module, "validate")
+            finish_progress_bar(trainer, pl_module, "validate")
             print("validate: val " + ", ".join(parts), flush=True)
             return
         line = f"epoch {trainer.current_epoch + 1}"
@@ -188,7 +196,7 @@ class RunSummary(Callback):
         )
         if last:
             lines.append(f"last checkpoint (resume: --ckpt_path last): {last}")
-        _finish_bar(trainer, pl_module, "fit")
+        finish_progress_bar(trainer, pl_module, "fit")
         print("\n".join(lines), flush=True)
 
     def _eval_end(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -202,7 +210,7 @@ class RunSummary(Callback):
             return
         from bft_lightning.metrics.report import strata_table
 
-        _finish_bar(trainer, pl_module, stage)
+        finish_progress_bar(trainer, pl_module, stage)
         print(f"\n{stage} metrics (full ranking):\n{strata_table(results)}", flush=True)
         where = getattr(pl_module, "_report_dir", lambda: None)()
         partial = stage == "test" and getattr(pl_module, "_partial_test", lambda: None)()

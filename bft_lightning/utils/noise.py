@@ -80,11 +80,12 @@ FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
     ),
 )
 
-# Lightning's INFO lines dropped: the advertisement of a cloud logger (printed on every
-# run), and why `fit` stopped, which the run's summary says in full (callbacks/summary.py)
-# after the progress bar, where this line, logged while the bar is drawn, would break it
+# Lightning's INFO lines dropped: the advertisements of its cloud logger (every run) and
+# of its cloud checkpoints (a run without a ModelCheckpoint of its own), and why `fit`
+# stopped, which the run's summary says in full (callbacks/summary.py) after the progress
+# bar, where this line, logged while the bar is drawn, would break it
 _DROPPED_PREFIXES = (
-    "\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging",
+    "\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud ",  # "logging ...", "uploads ..."
     "`Trainer.fit` stopped:",
 )
 
