@@ -221,7 +221,7 @@ class BFTCLI(LightningCLI):
             )
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        from bft_lightning.callbacks.summary import RunSummary
+        from bft_lightning.callbacks.summary import RunSummary, without_unmeasured_flops
         from bft_lightning.utils.lightning_errors import is_configuration_error, translate
 
         try:
@@ -236,6 +236,7 @@ class BFTCLI(LightningCLI):
         callbacks = trainer.callbacks  # type: ignore[attr-defined]
         if not any(isinstance(c, RunSummary) for c in callbacks):
             callbacks.append(RunSummary())
+        without_unmeasured_flops(trainer)
         if self.subcommand not in (None, "fit"):
             for callback in callbacks:  # `test` into a run's folder keeps its fit config
                 if isinstance(callback, SaveConfigCallback):

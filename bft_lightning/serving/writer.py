@@ -150,7 +150,10 @@ class RecommendationWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._rows is not None:
+            from bft_lightning.callbacks.summary import finish_progress_bar
+
             path = self._rows.commit()
+            finish_progress_bar(trainer, pl_module, "predict")  # this line after the bar
             replaced = " (replaced the existing file: --overwrite)" if self._replaces else ""
             rank_zero_info(
                 f"RecommendationWriter: wrote {self._rows.rows} rows to {path}{replaced}"

@@ -80,12 +80,19 @@ FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
     ),
 )
 
-# Lightning's INFO line advertising a cloud logger (printed on every run)
-_TIP_PREFIX = "\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging"
+# Lightning's INFO lines dropped: the advertisements of its cloud logger (every run) and
+# of its cloud checkpoints (a run without a ModelCheckpoint of its own), and why `fit`
+# stopped, which the run's summary says in full (callbacks/summary.py) after the progress
+# bar, where this line, logged while the bar is drawn, would break it
+_DROPPED_PREFIXES = (
+    "\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud ",  # "logging ...", "uploads ..."
+    "`Trainer.fit` stopped:",
+)
 
 
 class _DropTip(logging.Filter):
-    """Drops the tip; takes the "0 Total Flops" line (nothing measured) out of the summary."""
+    """Drops the lines above; takes the "0 Total Flops" line (nothing measured) out of the
+    model summary."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = str(record.msg)
@@ -93,7 +100,7 @@ class _DropTip(logging.Filter):
             record.msg = "\n".join(
                 line for line in text.split("\n") if not re.match(r"^0\s+Total Flops", line)
             )
-        return not text.startswith(_TIP_PREFIX)
+        return not text.startswith(_DROPPED_PREFIXES)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # type: ignore[no-untyped-def]
@@ -107,7 +114,11 @@ def quiet_third_party() -> None:
     for message, category, module, _why in FILTERS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     warnings.formatwarning = _one_line_warning
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.callbacks.model_summary",  # logs its table itself, not through those
+    ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTip) for f in logger.filters):
             logger.addFilter(_DropTip())
