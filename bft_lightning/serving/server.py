@@ -12,6 +12,8 @@ each); a history of only unknown ids fails its own request (422) and no other.
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +87,10 @@ class RecommendAPI(ls.LitAPI):
         self.config = config
 
     def setup(self, device: str) -> None:
+        # Ctrl-C reaches every process of the terminal's group; the server's main process
+        # stops this one (SIGTERM, after the HTTP side): not a KeyboardInterrupt mid-batch
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.rec = Recommender.from_checkpoint(
             self.config.ckpt_path, device=device, retrieval=self.config.retrieval
         )

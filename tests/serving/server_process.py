@@ -40,9 +40,10 @@ def request(port: int, method: str, path: str, body: Any = None, raw: bytes | No
 
 
 class Server:
-    """``serve`` in a subprocess, stopped with SIGTERM on exit (``returncode``, ``stderr``)."""
+    """``serve`` in a subprocess (``popen``: more ``subprocess.Popen`` options), stopped with
+    SIGTERM by :meth:`stop` (its exit status; its output is in ``log``)."""
 
-    def __init__(self, ckpt: Path, *options: str, log: Path) -> None:
+    def __init__(self, ckpt: Path, *options: str, log: Path, **popen: Any) -> None:
         self.port = free_port()
         self.log = log
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -50,7 +51,9 @@ class Server:
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
                *options]  # fmt: skip
         self._err = open(log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._err, stderr=self._err, cwd=REPO, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._err, stderr=self._err, cwd=REPO, env=env, **popen
+        )
 
     def wait_ready(self, limit: float = 180.0) -> None:
         end = time.monotonic() + limit
