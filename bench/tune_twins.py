@@ -110,6 +110,50 @@ def run_study(args: argparse.Namespace, twin: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def status(args: argparse.Namespace) -> list[str]:
+    """Each twin's study as it stands, one line a twin (also printed); its trials table
+    (``trials.md``, ``.csv``) rewritten beside its storage. Nothing is run."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from bft_lightning.tuning.report import write_tables
+    from bft_lightning.tuning.study import counted
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    lines = []
+    for twin in TWINS:
+        name = study_name(args, twin)
+        db = Path(args.storage_dir) / f"{name}.db"
+        if not db.is_file():
+            lines.append(f"{twin}: no study yet ({db})")
+            continue
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+        monitor = study.user_attrs.get("bft_tune", {}).get("monitor", "value")
+        out = Path(args.storage_dir) / name
+        out.mkdir(parents=True, exist_ok=True)
+        write_tables(study, out, monitor)
+        trials = study.get_trials(deepcopy=False)
+        done = counted(study)
+        by = {s: sum(t.state == s for t in done) for s in (TrialState.COMPLETE, TrialState.PRUNED)}
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        line = (
+            f"{twin}: {len(done)}/{args.trials} trials finished ({by[TrialState.COMPLETE]} "
+            f"complete, {by[TrialState.PRUNED]} pruned, {len(done) - sum(by.values())} failed), "
+            f"{running} running"
+        )
+        if by[TrialState.COMPLETE]:
+            best = study.best_trial
+            values = ", ".join(
+                f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float)
+                else f"{k.rsplit('.', 1)[-1]}={v}"
+                for k, v in best.user_attrs.get("values", best.params).items()
+            )  # fmt: skip
+            line += f"; best so far: trial {best.number}, {monitor} {best.value:.4f} ({values})"
+        lines.append(line)
+    print("\n".join(lines))
+    return lines
+
+
 def retrain_args(args: argparse.Namespace, best: dict[str, Any]) -> argparse.Namespace:
     """``reproduce_rec``'s arguments for the retraining of one twin's best values."""
     from bft_lightning.tuning.space import to_override
@@ -177,6 +221,11 @@ def main() -> None:
         "stop: two processes, one per twin, retrain both at once; a later run without it "
         "finds every seed done and compares",
     )  # fmt: skip
+    p.add_argument(
+        "--status", action="store_true",
+        help="run nothing: each twin's study so far (trials finished of the budget, best so "
+        "far) from its storage, and its trials.md/.csv rewritten there",
+    )  # fmt: skip
     args = p.parse_args()
     if args.study_only and args.retrain_only:
         p.error("--study-only and --retrain-only: give one")
@@ -188,6 +237,9 @@ def main() -> None:
         "OMP_WAIT_POLICY=PASSIVE " + (f"OMP_NUM_THREADS={threads} " if threads else "")
         + "python bench/tune_twins.py " + " ".join(sys.argv[1:])
     )  # fmt: skip
+    if args.status:
+        status(args)
+        return
     if args.study_only:
         run_study(args, args.study_only)
         return

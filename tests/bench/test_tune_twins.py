@@ -86,3 +86,30 @@ def test_tune_twins_end_to_end(tmp_path: Path) -> None:
         "model.init_args.num_negatives"
     }  # the on twin searched the off twin's options and its own
     assert "## The studies" in (res / "tuned" / "synthetic_sasrec.md").read_text()
+
+
+def test_status_reads_the_studies_without_running_them(tmp_path: Path) -> None:
+    import optuna
+
+    args = _args(tmp_path)
+    (tmp_path / "tune").mkdir()
+    name = tt.study_name(args, "off")
+    study = optuna.create_study(
+        study_name=name, storage=f"sqlite:///{tmp_path / 'tune' / name}.db", direction="maximize"
+    )
+    study.set_user_attr("bft_tune", {"monitor": "val/ndcg@10"})
+    dist = optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
+    for lr, value in [(1e-3, 0.05), (3e-3, 0.07)]:
+        study.add_trial(optuna.trial.create_trial(
+            params={"model.init_args.lr": lr}, distributions={"model.init_args.lr": dist},
+            value=value, user_attrs={"best_epoch": 4},
+        ))  # fmt: skip
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING))
+    lines = tt.status(args)
+    assert lines[0].startswith(
+        "off: 2/5 trials finished (2 complete, 0 pruned, 0 failed), 1 running"
+    )
+    assert "best so far: trial 1, val/ndcg@10 0.0700 (lr=0.003)" in lines[0]
+    assert lines[1].startswith("on: no study yet")
+    table = (tmp_path / "tune" / name / "trials.md").read_text()
+    assert table.count("| COMPLETE |") == 2
