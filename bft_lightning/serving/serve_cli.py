@@ -114,7 +114,13 @@ def _hook(server: Any) -> None:
     spawn; ``RecommendAPI.setup`` then ignores it): a Ctrl-C while they import is not a
     traceback there, the main process stops them."""
     shutdown = getattr(server, "_perform_graceful_shutdown", None)
-    if shutdown is not None:
+    if shutdown is None:  # a LitServe that shuts down otherwise: the stop still works
+        print(  # (children are ended by _end_children), but may be interrupted by a signal
+            "serve: warning: this LitServe version has no _perform_graceful_shutdown; a "
+            "second Ctrl-C during shutdown may cut it short",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    else:
 
         def flagged(*args: Any, **kwargs: Any) -> Any:
             _shutting_down()
@@ -131,6 +137,11 @@ def _hook(server: Any) -> None:
 
 def _sigint_blocked(launch: Any) -> Any:
     def launched(*args: Any, **kwargs: Any) -> Any:
+        # Python starts multiprocessing's resource tracker at the first spawn, and that
+        # unblocks SIGINT: started first, it leaves the mask below in place for the spawn
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             return launch(*args, **kwargs)

@@ -15,10 +15,13 @@ trial diverged, ran out of memory, was pruned or crashed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -146,25 +149,33 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
             f"{len(space.searched())} parameters searched",
             flush=True,
         )
-    if opts.workers > 1:
-        _spawn(argv, opts.workers, url)
-    else:
-        objective = _objective(study, space, plan, name, out, prune=opts.pruner != "none")
-        try:
+    try:
+        if opts.workers > 1:
+            _spawn(argv, opts.workers, url)
+        else:
+            objective = _objective(study, space, plan, name, out, prune=opts.pruner != "none")
             run_worker(
                 study, opts.trials, objective,
                 lambda t: print(report.progress_line(t, plan.monitor), flush=True),
                 heartbeat=not url.startswith("journal:"), seed=opts.sampler_seed,
                 worker=opts.worker_index,
             )  # fmt: skip
-        except TrialInterrupted as stop:
-            retried = "the trial is retried with its values, " if stop.number is not None else ""
-            print(
-                f"tune: {stop}; the study stops here. Rerun the same command to continue: "
-                f"{retried}the budget is unchanged",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
-            return 143 if stop.how == "SIGTERM" else 130
+    except TrialInterrupted as stop:
+        if opts.worker_only:  # about to exit: the parent may pass the signal on again
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if stop.number is not None:
+            retried = "the trial is retried with its values, "
+        elif opts.workers > 1:
+            retried = "the workers' interrupted trials are retried with their values, "
+        else:
+            retried = ""
+        print(
+            f"tune: {stop}; the study stops here. Rerun the same command to continue: "
+            f"{retried}the budget is unchanged",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        return 143 if stop.how == "SIGTERM" else 130
     if opts.worker_only:
         return 0
     return _finish(study, space, plan, out, config_yaml)
@@ -230,12 +241,26 @@ def _spawn(argv: list[str], workers: int, url: str) -> None:
         subprocess.Popen([*command, "--worker-index", str(i), *args], env=env)
         for i in range(workers)
     ]
+    from bft_lightning.tuning.study import interrupt_seen, stop_signal, stops_on_signals
+    from bft_lightning.tuning.trial import TrialInterrupted
+
     try:
-        codes = [p.wait() for p in procs]
-    finally:
+        with stops_on_signals():
+            codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:  # Ctrl+C to the group, or a signal to this process alone
+        interrupt_seen()
+        how = stop_signal()
+        for p in procs:  # each worker stops on its first signal and ignores a second
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGINT)
+        deadline = time.monotonic() + 120
+        for p in procs:  # their running trials are recorded as interrupted and re-queued
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
         for p in procs:
             if p.poll() is None:
-                p.terminate()
+                p.kill()
+        raise TrialInterrupted(None, how) from None
     if any(codes):
         raise SystemExit(f"error: a worker of the study ended with exit status {max(codes)}")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -202,29 +203,60 @@ _STOP: dict[str, str] = {}  # the signal that stopped this worker, once one has
 
 
 def stop_signal() -> str:
-    """How this worker was stopped: ``SIGTERM`` when the handler of
-    :func:`_sigterm_stops` ran, otherwise ``Ctrl+C`` (Python's own SIGINT)."""
+    """How this worker was stopped: ``SIGTERM``, or ``Ctrl+C`` (SIGINT, also when no
+    handler of :func:`stops_on_signals` saw it)."""
     return _STOP.get("how", "Ctrl+C")
 
 
+def interrupt_seen() -> None:
+    """The KeyboardInterrupt of :func:`stops_on_signals` reached code that handles it
+    (Lightning's shutdown, a trial's or the worker's handler): no more are raised."""
+    if _STOP and not _STOP.get("seen"):
+        _STOP["seen"] = "yes"
+        if hasattr(signal, "setitimer"):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 @contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
+def stops_on_signals() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl+C (a KeyboardInterrupt), wherever it lands: in a trial's
     fit (Lightning adds this handler after its own and shuts the run down), or between
-    trials. Python's default would end the process at once, leaving a RUNNING trial."""
+    trials; Python's default would end the process at once, leaving a RUNNING trial.
+
+    A KeyboardInterrupt raised where Python swallows it (a weakref or ``__del__``
+    callback) would be lost, so it is raised again every second (SIGALRM) until
+    :func:`interrupt_seen`; after that, further signals (a parent passing on what its
+    process group already had) are ignored, so as not to cut the orderly stop short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _STOP.clear()
+    timer = hasattr(signal, "setitimer")
 
     def handler(signum: int, frame: Any) -> None:
-        _STOP["how"] = "SIGTERM"
+        if _STOP.get("seen") or (_STOP and signum != getattr(signal, "SIGALRM", None)):
+            return
+        if not _STOP:
+            _STOP["how"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl+C"
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def unraisable(event: Any) -> None:  # the swallowed one is raised again: not shown
+        if not (_STOP and isinstance(event.exc_value, KeyboardInterrupt)):
+            hook(event)
+
+    signals = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGALRM] if timer else [])
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if timer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.unraisablehook = hook
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 def run_worker(
@@ -263,16 +295,23 @@ def run_worker(
         if not frozen.user_attrs.get("over_budget"):
             on_trial(frozen)
 
-    with _sigterm_stops():
+    with stops_on_signals():
         try:
-            _run_until_budget(study, budget, guarded, report, heartbeat, seed, worker, poll)
+            _run_until_budget(
+                study, budget, guarded, report, heartbeat, seed, worker, poll, current
+            )  # fmt: skip
         except TrialInterrupted as stop:  # FAIL without a reason: enqueued again
+            interrupt_seen()
             _retry(study, stop.number)
             raise
         except KeyboardInterrupt:  # outside a trial's fit (its setup, or between trials)
+            interrupt_seen()
             number = current.get("number")
             trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
-            if trial is not None and trial.state == TrialState.FAIL and not counts(trial):
+            if (
+                trial is not None and trial.state == TrialState.FAIL and not counts(trial)
+                and trial.params and not trial.user_attrs.get("over_budget")
+            ):  # fmt: skip
                 _retry(study, trial.number)
             else:
                 number = None
@@ -282,7 +321,7 @@ def run_worker(
 def _run_until_budget(
     study: optuna.Study, budget: int, guarded: Callable[[optuna.Trial], float],
     report: Callable[[optuna.Study, FrozenTrial], None], heartbeat: bool, seed: int,
-    worker: int, poll: float,
+    worker: int, poll: float, current: dict[str, int],
 ) -> None:  # fmt: skip
     from bft_lightning.tuning.trial import TrialFailed
 
@@ -300,3 +339,4 @@ def _run_until_budget(
             continue
         study.sampler = make_sampler(seed, len(trials), worker, budget)
         study.optimize(guarded, n_trials=1, catch=(TrialFailed, OverBudget), callbacks=[report])
+        current.clear()  # told: a signal from here on interrupts no trial

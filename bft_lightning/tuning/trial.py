@@ -71,7 +71,7 @@ def _interruption(err: BaseException | None) -> str | None:
 
     if isinstance(err, SIGTERMException):
         return "SIGTERM"
-    if isinstance(err, KeyboardInterrupt):  # SIGTERM too, in a study (study._sigterm_stops)
+    if isinstance(err, KeyboardInterrupt):  # SIGTERM too, in a study (study.stops_on_signals)
         from bft_lightning.tuning.study import stop_signal
 
         return stop_signal()
@@ -312,6 +312,10 @@ def _run_trial(
         def on_exception(self, trainer, pl_module, exception):  # type: ignore[no-untyped-def]
             # Lightning turns Ctrl+C into sys.exit(1): the signal is only seen here
             holder["interrupted"] = _interruption(exception)
+            if holder["interrupted"]:
+                from bft_lightning.tuning.study import interrupt_seen
+
+                interrupt_seen()
 
     extra.append(Keep())
     result: TrialResult
@@ -322,6 +326,10 @@ def _run_trial(
         result = TrialResult("pruned", reason=str(err) or "pruned")
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - a trial result
         how = _interruption(err) or holder.get("interrupted")
+        if how:
+            from bft_lightning.tuning.study import interrupt_seen
+
+            interrupt_seen()
         if how is None and isinstance(err, KeyboardInterrupt):
             raise
         result = TrialResult("interrupted", reason=how) if how else _failure(err)

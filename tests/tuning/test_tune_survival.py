@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -102,6 +103,50 @@ def test_two_workers_share_one_study_and_stop_at_the_budget(tmp_path: Path) -> N
     pids = {t.user_attrs.get("worker") for t in done}
     assert len(pids) == 2  # both workers ran trials
     assert (tmp_path / "out" / "best.yaml").is_file()
+
+
+def test_ctrl_c_to_two_workers_interrupts_both_trials_and_requeues_them(tmp_path: Path) -> None:
+    """Ctrl+C to the group (parent and both workers): each worker records its running
+    trial as interrupted (not spent budget) and re-queues it; the parent waits for them,
+    exits 130 without a traceback, and a rerun finishes the budget."""
+    import subprocess
+    import sys
+
+    args = [*_args(tmp_path, trials=4), "--workers", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    log = tmp_path / "tune.log"
+    with open(log, "w") as stream:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bft_lightning", "tune", *args], cwd=REPO, env=env,
+            stdout=stream, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # both workers in a trial
+            time.sleep(0.5)
+            assert proc.poll() is None, log.read_text()
+            try:
+                trials = _study(tmp_path).get_trials()
+            except Exception:  # noqa: BLE001 - the study is being created
+                continue
+            if sum(t.state == TrialState.RUNNING for t in trials) == 2:
+                time.sleep(3.0)
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert code == 130, output
+    assert "Traceback" not in output
+    trials = _study(tmp_path).get_trials()
+    cut = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(cut) == 2 and all(t.user_attrs.get("fail_kind") == "interrupted" for t in cut)
+    assert not any(counts(t) for t in cut)
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert sorted(str(t.params) for t in waiting) == sorted(str(t.params) for t in cut)
+    assert not any(t.state == TrialState.RUNNING for t in trials)
 
 
 def test_journal_storage_runs_a_study(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -156,7 +157,10 @@ def test_no_trial_is_pruned_before_prune_after(name: str) -> None:
         if slow.should_prune():
             pruned_at = epoch
             break
-    assert pruned_at is not None and pruned_at >= 6
+    if name == "hyperband":  # its bracket (by the study's name) may put the first rung late
+        assert pruned_at is None or pruned_at >= 6
+    else:
+        assert pruned_at is not None and pruned_at >= 6
     assert prune_after_default(100) == 10 and prune_after_default(6) == 0
     assert prune_after_default(None) == 0
 
@@ -166,3 +170,29 @@ def test_negative_prune_after_is_refused() -> None:
 
     with pytest.raises(ValueError, match="--prune-after"):
         make_pruner("median", 8, 40, prune_after=-1)
+
+
+def test_first_signal_interrupts_a_second_is_ignored_and_handlers_come_back() -> None:
+    import os
+    import signal
+
+    from bft_lightning.tuning.study import interrupt_seen, stop_signal, stops_on_signals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with stops_on_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal arrives first
+    assert stop_signal() == "SIGTERM"
+    with stops_on_signals():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        assert stop_signal() == "Ctrl+C"
+        # not yet handled (a KeyboardInterrupt Python swallowed): raised again each second
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(5)
+        interrupt_seen()  # handled: a second signal, as a parent passes it on, is ignored
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.5)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
