@@ -43,6 +43,7 @@ __all__ = [
 
 HEARTBEAT_S = 10.0  # seconds between a running trial's heartbeats; stale after 3x
 MAX_RETRY = 3  # a trial killed this many times is not enqueued again
+CREATE_ATTEMPTS = 20  # opening a new database that other processes are creating too
 PRUNERS = ("median", "asha", "hyperband", "none")
 
 
@@ -65,15 +66,32 @@ def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
         )
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return RDBStorage(
-            url,
-            heartbeat_interval=max(1, round(heartbeat)),
-            grace_period=max(2, round(3 * heartbeat)),
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
-        )
-    except ImportError as err:  # a driver (psycopg2, pymysql) that is not installed
-        raise ValueError(f"--storage {url}: {err}") from None
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return RDBStorage(
+                url,
+                heartbeat_interval=max(1, round(heartbeat)),
+                grace_period=max(2, round(3 * heartbeat)),
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                    max_retry=MAX_RETRY
+                ),
+            )
+        except ImportError as err:  # a driver (psycopg2, pymysql) that is not installed
+            raise ValueError(f"--storage {url}: {err}") from None
+        except (IntegrityError, OperationalError) as err:
+            # Several processes opening one new database at once (workers, a second
+            # machine, a monitor) race to create its tables and stamp its schema
+            # version; the losers fail here. The winner's schema is there a moment
+            # later, so opening it again succeeds.
+            racing = isinstance(err, IntegrityError) or any(
+                text in str(err) for text in ("locked", "already exists")
+            )
+            if not racing or attempt == CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def startup_trials(budget: int | None) -> int:
