@@ -104,6 +104,9 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     """Train + test one (variant, seed); cache per-user ranks and a summary."""
     done = out / "summary.json"
     settings = _settings(args)
+    archived = Path(args.results_dir) / "runs" / out.parent.name / out.name / "summary.json"
+    if not done.exists() and archived.exists():
+        done = archived  # finished on another machine: its committed results stand
     if done.exists():
         summary = json.loads(done.read_text())
         saved = summary.get("settings")  # absent in runs made before it was recorded

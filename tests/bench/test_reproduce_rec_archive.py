@@ -3,12 +3,14 @@ folder is gone, under both evaluation conventions; older runs keep their one con
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import reproduce_rec as rr  # noqa: E402
@@ -52,3 +54,33 @@ def test_archive_rebuilds_the_runs_without_their_folders(tmp_path):
     assert set(archived[("off", 0)]["ranks_by_protocol"]) == {"seen_masked", "unmasked"}
     assert set(archived[("off", 1)]["ranks_by_protocol"]) == {"seen_masked"}
     assert set(rr.by_protocol(archived)) == {"seen_masked"}  # the convention both runs kept
+
+
+def _args(results: Path, override: list[str]) -> argparse.Namespace:
+    return argparse.Namespace(
+        results_dir=str(results), max_epochs=100, override=override,
+        loss_normalization="rows", accelerator=None,
+    )  # fmt: skip
+
+
+def test_a_seed_archived_elsewhere_is_not_trained_again(tmp_path, monkeypatch):
+    """On a machine without the run folder, the committed archive is the finished run:
+    run_one returns it and trains nothing; a command with other settings is refused."""
+    base, results = tmp_path / "runs" / "toy_sasrec_x", tmp_path / "results"
+    _run(base / "off_s0", 0, ["seen_masked", "unmasked"])
+    args = _args(results, ["--model.init_args.mask_history=true"])
+    summary = json.loads((base / "off_s0" / "summary.json").read_text())
+    summary["settings"] = rr._settings(args)
+    (base / "off_s0" / "summary.json").write_text(json.dumps(summary))
+    rr.archive_run(base / "off_s0", results)
+    shutil.rmtree(base)
+
+    def no_training(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError("an archived seed was trained again")
+
+    monkeypatch.setattr(rr, "cli_main", no_training)
+    assert rr.run_one(args, "off", 0, base / "off_s0") == summary
+    assert not (base / "off_s0").exists() or not any((base / "off_s0").iterdir())
+    other = _args(results, ["--model.init_args.mask_history=false"])
+    with pytest.raises(SystemExit, match="other settings"):
+        rr.run_one(other, "off", 0, base / "off_s0")
