@@ -287,6 +287,9 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
             f"| {twin} | {b['study']} (`{b['storage']}`) | {b['trial']} | "
             f"{b['monitor']} {b['value']:.4f} | {values} |"
         )
+    studies += ["", f"This table: `{args.command}`. It trains only seeds missing from both the "
+                "runs folder and `results/rec/runs/`, so on the committed results it rebuilds "
+                "the table without training."]  # fmt: skip
     text = out.with_suffix(".md").read_text() + "\n".join(studies) + "\n"
     write_text_atomic(out.with_suffix(".md"), text)
     summary_rows = []
