@@ -288,8 +288,8 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
             f"{b['monitor']} {b['value']:.4f} | {values} |"
         )
     studies += ["", f"This table: `{args.command}`. It trains only seeds missing from both the "
-                "runs folder and `results/rec/runs/`, so on the committed results it rebuilds "
-                "the table without training."]  # fmt: skip
+                f"runs folder and `{res / 'runs'}/`, so with the committed runs and study "
+                "databases it rebuilds the table without training."]  # fmt: skip
     text = out.with_suffix(".md").read_text() + "\n".join(studies) + "\n"
     write_text_atomic(out.with_suffix(".md"), text)
     summary_rows = []

@@ -66,7 +66,8 @@ def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
         )
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    from sqlalchemy.exc import IntegrityError, OperationalError
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     for attempt in range(CREATE_ATTEMPTS):
         try:
@@ -80,13 +81,15 @@ def make_storage(url: str, heartbeat: float = HEARTBEAT_S) -> Any:
             )
         except ImportError as err:  # a driver (psycopg2, pymysql) that is not installed
             raise ValueError(f"--storage {url}: {err}") from None
-        except (IntegrityError, OperationalError) as err:
+        except (IntegrityError, OperationalError, ProgrammingError, StorageInternalError) as err:
             # Several processes opening one new database at once (workers, a second
             # machine, a monitor) race to create its tables and stamp its schema
-            # version; the losers fail here. The winner's schema is there a moment
-            # later, so opening it again succeeds.
-            racing = isinstance(err, IntegrityError) or any(
-                text in str(err) for text in ("locked", "already exists")
+            # version; the losers fail here (Optuna wraps some of these errors). The
+            # winner's schema is there a moment later, so opening it again succeeds.
+            cause = err.__cause__ if isinstance(err, StorageInternalError) else err
+            racing = isinstance(cause, IntegrityError) or (
+                isinstance(cause, (OperationalError, ProgrammingError))
+                and any(text in str(cause) for text in ("locked", "already exists"))
             )
             if not racing or attempt == CREATE_ATTEMPTS - 1:
                 raise

@@ -52,3 +52,27 @@ def test_an_unopenable_database_fails_at_once(tmp_path: Path) -> None:
     with pytest.raises(OperationalError):
         make_storage(f"sqlite:///{tmp_path}/dir.db", heartbeat=1)
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "wrapped_by_optuna"])
+def test_a_locked_database_is_opened_again(tmp_path: Path, monkeypatch, wrapped) -> None:  # noqa: ANN001
+    """'database is locked' while another process stamps the schema, raised as it is or
+    inside Optuna's StorageInternalError, is retried; the third try opens it."""
+    import optuna.storages
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import OperationalError
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def flaky(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) < 3:
+            locked = OperationalError("INSERT ...", {}, Exception("database is locked"))
+            if not wrapped:
+                raise locked
+            raise StorageInternalError("An exception is raised during the commit.") from locked
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", flaky)
+    storage = make_storage(f"sqlite:///{tmp_path}/study.db", heartbeat=1)
+    assert len(calls) == 3 and storage.get_all_studies() == []
