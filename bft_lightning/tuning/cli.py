@@ -185,7 +185,7 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    from bft_lightning.tuning.trial import TrialFailed, TrialInterrupted, run_trial
+    from bft_lightning.tuning.trial import TrialFailed, TrialInterrupted, resume_point, run_trial
 
     def objective(trial: optuna.Trial) -> float:
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -194,13 +194,28 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
         trial.set_user_attr("values", values)
         trial.set_user_attr("retry_of", retry_of)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        for key in ("fail_reason", "fail_kind", "best_ckpt", "best_epoch", "best_value"):
+        for key in ("fail_reason", "fail_kind", "best_ckpt", "best_epoch", "best_value",
+                    "validations", "resumed_from", "run_dir", "seconds"):  # fmt: skip
             if key in frozen.user_attrs:  # a retry starts with the killed trial's attributes
                 trial.set_user_attr(key, None)
         log = out / "trial_logs" / f"trial{trial.number:03d}.log"
         trial.set_user_attr("log", str(log))
+        resume = None
+        if retry_of is not None:  # the latest attempt's run goes on from its last.ckpt
+            history = RetryHeartbeatStaleTrialCallback.retry_history(frozen) or [retry_of]
+            attempt = next(
+                (t for t in study.get_trials(deepcopy=False) if t.number == history[-1]), None
+            )
+            if attempt is not None and attempt.params == trial.params:
+                resume = resume_point(plan, attempt)
         result = run_trial(
-            trial, plan, space.overrides(values), f"{name}_trial{trial.number:03d}", prune, log
+            trial,
+            plan,
+            space.overrides(values),
+            f"{name}_trial{trial.number:03d}",
+            prune,
+            log,
+            resume,
         )
         for key, value in result.attrs.items():
             trial.set_user_attr(key, value)

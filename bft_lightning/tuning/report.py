@@ -72,6 +72,8 @@ def progress_line(t: FrozenTrial, monitor: str) -> str:
         line += f"  {seconds:.1f} s"
     if t.user_attrs.get("retry_of") is not None:
         line += f"  (retry of trial {t.user_attrs['retry_of']})"
+        if t.user_attrs.get("resumed_from"):
+            line += "  resumed from its last checkpoint"
     if t.state == TrialState.FAIL and t.user_attrs.get("fail_reason"):
         line += f"  -- {t.user_attrs['fail_reason']}"
     return line
@@ -106,7 +108,7 @@ def _rows(study: optuna.Study) -> tuple[list[str], list[list[Any]]]:
             t.number, t.state.name, _value(t), t.user_attrs.get("best_epoch"),
             t.user_attrs.get("seconds"), *(t.params.get(k) for k in keys),
             t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned") or "",
-            t.user_attrs.get("run_dir", ""),
+            t.user_attrs.get("run_dir") or "",
         ])  # fmt: skip
     return header, rows
 

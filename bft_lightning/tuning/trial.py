@@ -26,7 +26,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-__all__ = ["Plan", "TrialResult", "compose", "plan_study", "run_trial"]
+__all__ = ["Plan", "Resume", "TrialResult", "compose", "plan_study", "resume_point", "run_trial"]
 
 
 @dataclass
@@ -39,6 +39,19 @@ class Plan:
     save_dir: str  # the logger's folder ("logs"); tune's default storage lives below it
     versioned: bool  # whether the logger takes a version (the trial's run folder)
     max_epochs: int | None
+    run_root: str | None = None  # the logger's save_dir/name: the trials' run folders' parent
+
+
+@dataclass
+class Resume:
+    """Where a retried trial picks up its interrupted attempt: that attempt's run folder
+    (``version``) and ``last.ckpt``, and what it had validated (the recorder's
+    ``(epoch, value)`` pairs and the pruner's intermediate values, step = epoch - 1)."""
+
+    version: str
+    ckpt: str
+    validations: list[tuple[int, float]]
+    intermediate: dict[int, float]
 
 
 @dataclass
@@ -159,13 +172,15 @@ def plan_study(base: list[str], monitor: str | None) -> Plan:
     save_dir = str(init.get("save_dir")) if init is not None and init.get("save_dir") else "logs"
     versioned = init is not None and "version" in init
     max_epochs = trainer.get("max_epochs")
+    folder = init.get("name") if init is not None and "name" in init else None
+    run_root = str(Path(save_dir) / str(folder or "")) if versioned and folder is not None else None
     every = trainer.get("check_val_every_n_epoch") or 1
     if max_epochs is not None and 0 < max_epochs < every:
         raise ValueError(
             f"trainer.max_epochs={max_epochs} ends every trial before its first validation "
             f"(check_val_every_n_epoch={every}): no {name} to compare or prune on"
         )
-    return Plan(list(base), name, mode, save_dir, versioned, max_epochs)
+    return Plan(list(base), name, mode, save_dir, versioned, max_epochs, run_root)
 
 
 def check_keys(plan: Plan, space: Any) -> None:
@@ -215,12 +230,32 @@ def _names(message: str, key: str) -> bool:
     return key in message or f'"{last}"' in message or f"--{key}" in message
 
 
+def resume_point(plan: Plan, attempt: Any) -> Resume | None:
+    """Where a retry of ``attempt`` (the interrupted or killed trial it repeats, a frozen
+    trial) picks up: that attempt's run folder and ``last.ckpt``, when both exist and the
+    folder is one this study's runs land in (the same logger folder); else None, and the
+    retry trains from the start."""
+    run_dir = attempt.user_attrs.get("run_dir")
+    if not plan.versioned or plan.run_root is None or not run_dir:
+        return None
+    folder = Path(run_dir)
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file() or folder.parent.resolve() != Path(plan.run_root).resolve():
+        return None
+    validations = [(int(e), float(v)) for e, v in attempt.user_attrs.get("validations") or []]
+    intermediate = {int(k): float(v) for k, v in attempt.intermediate_values.items()}
+    if not validations:  # a killed attempt that never saved its history: the pruner's
+        validations = [(step + 1, value) for step, value in sorted(intermediate.items())]
+    return Resume(folder.name, str(ckpt), validations, intermediate)
+
+
 class _TrialRecorder(Callback):
     """Each validation's value of the monitor; a non-finite loss or metric ends the trial."""
 
-    def __init__(self, monitor: str) -> None:
+    def __init__(self, monitor: str, trial: Any = None, earlier: list | None = None) -> None:
         self.monitor = monitor
-        self.values: list[tuple[int, float]] = []
+        self.trial = trial
+        self.values: list[tuple[int, float]] = list(earlier or [])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -241,7 +276,10 @@ class _TrialRecorder(Callback):
             raise FloatingPointError(
                 f"diverged: {self.monitor} = {value} at epoch {pl_module.current_epoch}"
             )
-        self.values.append((int(pl_module.current_epoch) + 1, value))  # epochs from 1
+        epoch = int(pl_module.current_epoch) + 1  # epochs from 1
+        self.values = [ev for ev in self.values if ev[0] != epoch] + [(epoch, value)]
+        if self.trial is not None:  # the history so far, also for a trial killed outright
+            self.trial.set_user_attr("validations", self.values)
 
 
 def _trial_cli_class(extra: list[Callback]) -> type:
@@ -257,15 +295,25 @@ def _trial_cli_class(extra: list[Callback]) -> type:
 
 
 def run_trial(
-    trial: Any, plan: Plan, overrides: list[str], version: str, prune: bool, log: Path
+    trial: Any,
+    plan: Plan,
+    overrides: list[str],
+    version: str,
+    prune: bool,
+    log: Path,
+    resume: Resume | None = None,
 ) -> TrialResult:
     """``fit`` with the trial's values; every outcome is a :class:`TrialResult`.
 
     What ``fit`` prints goes to ``log`` (Lightning's info messages are held back),
-    so that the study prints one line per trial."""
+    so that the study prints one line per trial. With ``resume`` (a retry of an
+    interrupted trial, :func:`resume_point`), the run continues that attempt's run
+    folder from its ``last.ckpt`` (``fit --ckpt_path``: weights, optimizer, epoch,
+    early-stopping and best-checkpoint state), and the trial carries the attempt's
+    validations and, for the pruner, its intermediate values."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as stream, _quiet(stream):
-        return _run_trial(trial, plan, overrides, version, prune)
+    with open(log, "a" if resume else "w", encoding="utf-8") as stream, _quiet(stream):
+        return _run_trial(trial, plan, overrides, version, prune, resume)
 
 
 @contextlib.contextmanager
@@ -283,14 +331,26 @@ def _quiet(stream: Any) -> Iterator[None]:
 
 
 def _run_trial(
-    trial: Any, plan: Plan, overrides: list[str], version: str, prune: bool
+    trial: Any,
+    plan: Plan,
+    overrides: list[str],
+    version: str,
+    prune: bool,
+    resume: Resume | None = None,
 ) -> TrialResult:
     import optuna
 
     from bft_lightning.cli import main
 
-    recorder = _TrialRecorder(plan.monitor)
+    recorder = _TrialRecorder(plan.monitor, trial, resume.validations if resume else None)
     extra: list[Callback] = [recorder]
+    if resume is not None:
+        version = resume.version
+        for step, value in sorted(resume.intermediate.items()):
+            trial.report(value, step)  # the pruner judges the whole run, as if unbroken
+        trial.set_user_attr("resumed_from", resume.ckpt)
+        last = resume.validations[-1][0] if resume.validations else 0
+        print(f"resumed from {resume.ckpt} (validated up to epoch {last})", flush=True)
     if prune:
         from optuna_integration import PyTorchLightningPruningCallback
 
@@ -299,6 +359,8 @@ def _run_trial(
             "--trainer.enable_model_summary=false"]  # fmt: skip
     if plan.versioned:
         argv.append(f"--trainer.logger.init_args.version={version}")
+    if resume is not None:
+        argv.append(f"--ckpt_path={resume.ckpt}")
     start = time.monotonic()
     cli = None
     holder: dict[str, Any] = {}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lightning.pytorch.callbacks import Callback
 
 from bft_lightning.cli import entry
 
@@ -44,3 +45,19 @@ def tune_process(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "bft_lightning", "tune", *args]
     with open(log, "w") as stream:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stream, stderr=subprocess.STDOUT)
+
+
+class StopOnce(Callback):
+    """Ctrl+C at the start of epoch ``at`` (from 0) of the first run that reaches it (a
+    marker file remembers that it happened); every run notes in ``marker``.epochs the
+    epochs it trained, so a test can tell a resumed run from one started over."""
+
+    def __init__(self, marker: str, at: int = 2) -> None:
+        self.marker, self.at = Path(marker), at
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        if trainer.current_epoch == self.at and not self.marker.exists():
+            self.marker.write_text("stopped")
+            raise KeyboardInterrupt
+        with open(f"{self.marker}.epochs", "a") as journal:
+            journal.write(f"{os.getpid()} {trainer.current_epoch}\n")
