@@ -121,15 +121,16 @@ def test_failures_are_classified_with_a_one_line_reason(err, kind, reason) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backbone", ["sasrec", "bert4rec", "hstu"])
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec", "hstu", "sasrec_ss256", "sasrec_ce"])
 @pytest.mark.parametrize("twin", ["off", "on"])
-def test_shipped_spaces_are_options_of_their_models(backbone: str, twin: str) -> None:
-    """Every key of configs/search/<backbone>_<twin>.yaml, at each end and choice, parses."""
+def test_shipped_spaces_are_options_of_their_models(name: str, twin: str) -> None:
+    """Every key of configs/search/<space>_<twin>.yaml, at each end and choice, parses."""
     from bft_lightning.tuning.space import load_space
     from bft_lightning.tuning.trial import check_keys
 
     repo = Path(__file__).resolve().parents[2]
-    space = load_space(repo / "configs" / "search" / f"{backbone}_{twin}.yaml")
+    backbone = name.split("_")[0]
+    space = load_space(repo / "configs" / "search" / f"{name}_{twin}.yaml")
     config = repo / "configs" / "experiments" / f"{backbone}_{twin}_synthetic.yaml"
     check_keys(plan_study(["--config", str(config)], None), space)
 
