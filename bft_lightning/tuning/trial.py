@@ -52,6 +52,7 @@ class Resume:
     ckpt: str
     validations: list[tuple[int, float]]
     intermediate: dict[int, float]
+    run_dir: str = ""
 
 
 @dataclass
@@ -172,8 +173,9 @@ def plan_study(base: list[str], monitor: str | None) -> Plan:
     save_dir = str(init.get("save_dir")) if init is not None and init.get("save_dir") else "logs"
     versioned = init is not None and "version" in init
     max_epochs = trainer.get("max_epochs")
-    folder = init.get("name") if init is not None and "name" in init else None
-    run_root = str(Path(save_dir) / str(folder or "")) if versioned and folder is not None else None
+    # the loggers' default name is "lightning_logs", and None is "" (save_dir/version)
+    folder = (init.get("name") or "") if init is not None and "name" in init else "lightning_logs"
+    run_root = str(Path(save_dir) / str(folder)) if versioned else None
     every = trainer.get("check_val_every_n_epoch") or 1
     if max_epochs is not None and 0 < max_epochs < every:
         raise ValueError(
@@ -246,7 +248,7 @@ def resume_point(plan: Plan, attempt: Any) -> Resume | None:
     intermediate = {int(k): float(v) for k, v in attempt.intermediate_values.items()}
     if not validations:  # a killed attempt that never saved its history: the pruner's
         validations = [(step + 1, value) for step, value in sorted(intermediate.items())]
-    return Resume(folder.name, str(ckpt), validations, intermediate)
+    return Resume(folder.name, str(ckpt), validations, intermediate, str(run_dir))
 
 
 class _TrialRecorder(Callback):
@@ -256,6 +258,7 @@ class _TrialRecorder(Callback):
         self.monitor = monitor
         self.trial = trial
         self.values: list[tuple[int, float]] = list(earlier or [])
+        self.carried = {epoch for epoch, _ in self.values}  # a resumed run may validate again
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -277,9 +280,12 @@ class _TrialRecorder(Callback):
                 f"diverged: {self.monitor} = {value} at epoch {pl_module.current_epoch}"
             )
         epoch = int(pl_module.current_epoch) + 1  # epochs from 1
-        self.values = [ev for ev in self.values if ev[0] != epoch] + [(epoch, value)]
-        if self.trial is not None:  # the history so far, also for a trial killed outright
-            self.trial.set_user_attr("validations", self.values)
+        if epoch in self.carried:  # validated again after a resume: the new value stands
+            self.carried.discard(epoch)
+            self.values = [ev for ev in self.values if ev[0] != epoch]
+        self.values.append((epoch, value))
+        if self.trial is not None and trainer.is_global_zero:  # the history so far, also
+            self.trial.set_user_attr("validations", self.values)  # for a killed trial
 
 
 def _trial_cli_class(extra: list[Callback]) -> type:
@@ -312,8 +318,15 @@ def run_trial(
     early-stopping and best-checkpoint state), and the trial carries the attempt's
     validations and, for the pruner, its intermediate values."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a" if resume else "w", encoding="utf-8") as stream, _quiet(stream):
-        return _run_trial(trial, plan, overrides, version, prune, resume)
+    with open(log, "w", encoding="utf-8") as stream, _quiet(stream):
+        result = _run_trial(trial, plan, overrides, version, prune, resume)
+        if resume is not None and result.attrs.get("resume_failed"):
+            # the checkpoint did not load (or fit refused it): trained from the start
+            print(f"could not resume from {resume.ckpt}: {result.reason}", flush=True)
+            print("training from the start", flush=True)
+            trial.set_user_attr("resumed_from", None)
+            result = _run_trial(trial, plan, overrides, version, prune, None)
+        return result
 
 
 @contextlib.contextmanager
@@ -346,11 +359,10 @@ def _run_trial(
     extra: list[Callback] = [recorder]
     if resume is not None:
         version = resume.version
-        for step, value in sorted(resume.intermediate.items()):
-            trial.report(value, step)  # the pruner judges the whole run, as if unbroken
         trial.set_user_attr("resumed_from", resume.ckpt)
+        trial.set_user_attr("run_dir", resume.run_dir)  # kept should this try stop early
         last = resume.validations[-1][0] if resume.validations else 0
-        print(f"resumed from {resume.ckpt} (validated up to epoch {last})", flush=True)
+        print(f"resuming from {resume.ckpt} (validated up to epoch {last})", flush=True)
     if prune:
         from optuna_integration import PyTorchLightningPruningCallback
 
@@ -370,6 +382,13 @@ def _run_trial(
             holder["trainer"] = trainer
             if trainer.log_dir:
                 trial.set_user_attr("run_dir", str(trainer.log_dir))
+
+        def on_train_start(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+            # the checkpoint (if any) is restored by now
+            holder["started"] = True
+            if resume is not None:  # the pruner judges the whole run, as if unbroken
+                for step, value in sorted(resume.intermediate.items()):
+                    trial.report(value, step)
 
         def on_exception(self, trainer, pl_module, exception):  # type: ignore[no-untyped-def]
             # Lightning turns Ctrl+C into sys.exit(1): the signal is only seen here
@@ -396,6 +415,9 @@ def _run_trial(
             raise
         result = TrialResult("interrupted", reason=how) if how else _failure(err)
     trainer = cli.trainer if cli is not None else holder.get("trainer")
+    if resume is not None and result.state == "fail" and not holder.get("started"):
+        result.attrs["resume_failed"] = True
+        return result
     best = _best(trainer, plan, recorder)
     result.attrs.update(best, seconds=round(time.monotonic() - start, 1))
     if result.state == "complete":

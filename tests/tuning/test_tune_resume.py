@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from tune_helpers import CONFIG, tiny, tune, write
 
 from bft_lightning.tuning.study import counts
@@ -25,6 +25,17 @@ def _args(tmp: Path, marker: Path) -> list[str]:
         "--out", str(tmp / "out"), *tiny(tmp), "--max-epochs", "4",
         f"--trainer.callbacks+={json.dumps(stop)}",
     ]  # fmt: skip
+
+
+def _epochs(marker: Path) -> list[int]:
+    return [int(line) for line in Path(f"{marker}.epochs").read_text().split()]
+
+
+def _interrupted(tmp: Path, args: list[str], capsys: pytest.CaptureFixture) -> FrozenTrial:
+    code, _, err = tune(args, capsys)
+    assert code == 130, err
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp}/study.db")
+    return study.get_trials()[0]
 
 
 def test_retry_resumes_the_interrupted_run_and_keeps_its_history(
@@ -54,12 +65,7 @@ def test_retry_resumes_the_interrupted_run_and_keeps_its_history(
     assert Path(retry.user_attrs["run_dir"]) == run_dir  # the same run folder, continued
     assert retry.user_attrs["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt")
     # the second run trained epochs 2 and 3 only, where the first had stopped
-    runs: dict[str, list[int]] = {}
-    for line in Path(f"{marker}.epochs").read_text().split("\n"):
-        if line:
-            pid, epoch = line.split()
-            runs.setdefault(pid, []).append(int(epoch))
-    assert [0, 1, 2, 3] == [e for pid in runs for e in runs[pid]]
+    assert _epochs(marker) == [0, 1, 2, 3]
     validations = retry.user_attrs["validations"]
     assert [e for e, _ in validations] == [1, 2, 3, 4]
     assert validations[:2] == cut.user_attrs["validations"]  # the first run's, carried over
@@ -96,3 +102,26 @@ def test_no_resume_without_a_checkpoint_or_from_another_folder(tmp_path: Path) -
         intermediate_values = {0: 0.1, 1: 0.2}
 
     assert resume_point(plan, Killed()).validations == [(1, 0.1), (2, 0.2)]
+
+
+def test_a_checkpoint_that_does_not_load_is_trained_again_from_the_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    marker = tmp_path / "stopped"
+    args = _args(tmp_path, marker)
+    cut = _interrupted(tmp_path, args, capsys)
+    last = Path(cut.user_attrs["run_dir"]) / "checkpoints" / "last.ckpt"
+    last.write_bytes(b"not a checkpoint")
+    code, out, err = tune(args, capsys)
+    assert code == 0, err
+    assert "resumed from its last checkpoint" not in out
+    trials = optuna.load_study(
+        study_name="s", storage=f"sqlite:///{tmp_path}/study.db"
+    ).get_trials()
+    retry = next(t for t in trials if t.user_attrs.get("retry_of") == 0)
+    assert retry.state == TrialState.COMPLETE and counts(retry)
+    assert not retry.user_attrs.get("resumed_from")
+    assert Path(retry.user_attrs["run_dir"]).name.endswith(f"_trial{retry.number:03d}")
+    assert _epochs(marker) == [0, 1, 0, 1, 2, 3]  # all four epochs, from the start
+    assert [e for e, _ in retry.user_attrs["validations"]] == [1, 2, 3, 4]
+    assert "could not resume" in Path(retry.user_attrs["log"]).read_text()

@@ -49,8 +49,8 @@ def tune_process(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
 
 class StopOnce(Callback):
     """Ctrl+C at the start of epoch ``at`` (from 0) of the first run that reaches it (a
-    marker file remembers that it happened); every run notes in ``marker``.epochs the
-    epochs it trained, so a test can tell a resumed run from one started over."""
+    marker file remembers that it happened); ``marker``.epochs lists every epoch trained,
+    in order, so a test can tell a resumed run from one started over."""
 
     def __init__(self, marker: str, at: int = 2) -> None:
         self.marker, self.at = Path(marker), at
@@ -60,4 +60,4 @@ class StopOnce(Callback):
             self.marker.write_text("stopped")
             raise KeyboardInterrupt
         with open(f"{self.marker}.epochs", "a") as journal:
-            journal.write(f"{os.getpid()} {trainer.current_epoch}\n")
+            journal.write(f"{trainer.current_epoch}\n")
