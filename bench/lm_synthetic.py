@@ -521,6 +521,31 @@ def _figure(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def stop_time(text: str, now: float | None = None) -> float:
+    """``--stop-at``'s Unix time: ``YYYY-MM-DDTHH:MM`` (UTC), or ``HH:MM`` (UTC) taken as
+    its next occurrence from ``now``, so that a study started before midnight with a stop
+    after it is not stopped at once."""
+    import calendar
+    import datetime as dt
+
+    now = time.time() if now is None else now
+    try:
+        if "T" in text:
+            moment = dt.datetime.strptime(text, "%Y-%m-%dT%H:%M")
+            return float(calendar.timegm(moment.timetuple()))
+        clock = dt.datetime.strptime(text, "%H:%M")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected YYYY-MM-DDTHH:MM or HH:MM (UTC)"
+        ) from None
+    day = dt.datetime.fromtimestamp(now, dt.UTC).replace(
+        hour=clock.hour, minute=clock.minute, second=0, microsecond=0
+    )
+    if day.timestamp() <= now - 60:  # earlier today than now (by more than its minute)
+        day += dt.timedelta(days=1)
+    return day.timestamp()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/bft_lm_synth"))
@@ -573,7 +598,11 @@ def main() -> None:
     p.add_argument(
         "--accelerator", default="cpu", help="the Trainers' accelerator (cpu, gpu, auto)"
     )
-    p.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no run after this")
+    p.add_argument(
+        "--stop-at", default=None, type=stop_time,
+        help="start no run after this UTC time: YYYY-MM-DDTHH:MM, or HH:MM (its next "
+        "occurrence, within a day of the start)",
+    )  # fmt: skip
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     global ACCELERATOR
@@ -605,8 +634,9 @@ def main() -> None:
             (m, x, k, s) for s in a.seeds for k in a.distractors for x in a.noise for m in a.methods
         ]
         for m, x, k, s in grid[i::n]:
-            if a.stop_at and time.strftime("%H:%M", time.gmtime()) >= a.stop_at:
-                print(f"stopping: it is past {a.stop_at} UTC", flush=True)
+            if a.stop_at is not None and time.time() >= a.stop_at:
+                when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(a.stop_at))
+                print(f"stopping: it is past {when} UTC", flush=True)
                 break
             t0 = time.time()
             r = run_sft(a.work, a, m, x, k, s)

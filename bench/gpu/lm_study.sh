@@ -42,8 +42,8 @@ stage pretrain $(($(left "$BUDGET") - 240)) "$PY" bench/lm_synthetic.py "${COMMO
   --pretrain-recall 8 --pretrain-seq-len 96
 
 if [ -f "$WORK/pretrain-$MODEL.json" ]; then
-  # no run starts after STOP (UTC, minute resolution): ~150 s before the budget ends
-  STOP=$(date -u -d "@$(($(date +%s) + $(left "$BUDGET") - 150))" +%H:%M)
+  # no run starts after STOP (UTC date and minute): ~150 s before the budget ends
+  STOP=$(date -u -d "@$(($(date +%s) + $(left "$BUDGET") - 150))" +%Y-%m-%dT%H:%M)
   SFT=(--stage sft --sft-steps "${BFT_LM_SFT_STEPS:-400}" --lr "${BFT_LM_LR:-1e-3}"
     --methods "${METHODS[@]}" --noise "${NOISE[@]}" --distractors "${DISTRACTORS[@]}"
     --seeds "${SEEDS[@]}" --threads 1 --stop-at "$STOP")

@@ -103,3 +103,23 @@ def test_report_pairs_by_question_and_seed_and_keeps_the_noise_studies_apart(
     table = (tmp_path / "synthetic_tables.md").read_text()
     assert "| text | 0.3 | 0 | bft |" in table and "| labels | 0.3 | 0 | bft |" in table
     assert (tmp_path / "synthetic_em_vs_noise.png").stat().st_size > 0
+
+
+def test_stop_time_is_the_next_occurrence_across_midnight(lm_synthetic) -> None:
+    """``--stop-at`` HH:MM is the next such time: a study started at 23:57 with a stop at
+    00:03 runs until the next day's 00:03, not zero minutes; a full date is taken as it is."""
+    import argparse
+    import calendar
+    import time
+
+    def utc(text: str) -> float:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
+
+    late = utc("2026-12-06 23:57:30")
+    assert lm_synthetic.stop_time("00:03", now=late) == utc("2026-12-07 00:03:00")
+    assert lm_synthetic.stop_time("23:59", now=late) == utc("2026-12-06 23:59:00")
+    assert lm_synthetic.stop_time("23:57", now=late) == utc("2026-12-06 23:57:00")  # this minute
+    assert lm_synthetic.stop_time("2026-12-07T00:03") == utc("2026-12-07 00:03:00")
+    assert lm_synthetic.stop_time("2026-12-06T23:00", now=late) < late  # past: stop at once
+    with pytest.raises(argparse.ArgumentTypeError, match="expected YYYY-MM-DDTHH:MM or HH:MM"):
+        lm_synthetic.stop_time("25:99")
