@@ -63,7 +63,8 @@ def archive_run(out: Path, results_dir: Path) -> Path:
     np.savez_compressed(dest / "arrays.npz", **arrays)
     write_text_atomic(dest / "layer_gain.json", json.dumps(layer_gains(out)))
     for config in sorted(out.glob("tb/version_*/config.yaml"))[-1:]:  # repository-relative
-        write_text_atomic(dest / "config.yaml", config.read_text().replace(f"{ROOT}/", ""))
+        text = config.read_text().replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
+        write_text_atomic(dest / "config.yaml", text)
     write_text_atomic(dest / "summary.json", (out / "summary.json").read_text())
     return dest
 

@@ -83,3 +83,18 @@ def test_a_seed_archived_elsewhere_is_not_trained_again(tmp_path, monkeypatch):
     other = _args(results, ["--model.init_args.mask_history=false"])
     with pytest.raises(SystemExit, match="other settings"):
         rr.run_one(other, "off", 0, base / "off_s0")
+
+
+def test_archived_config_names_no_path_of_this_machine(tmp_path):
+    """Paths in and beside the repository (the data next to it) become relative to it."""
+    from common.runs import ROOT
+
+    base, results = tmp_path / "runs" / "toy_sasrec_x", tmp_path / "results"
+    _run(base / "off_s0", 0, ["seen_masked", "unmasked"])
+    (base / "off_s0" / "tb" / "version_0").mkdir(parents=True)
+    (base / "off_s0" / "tb" / "version_0" / "config.yaml").write_text(
+        f"config: {ROOT}/configs/experiments/x.yaml\ndata_root: {ROOT.parent}/shared/data\n"
+    )
+    rr.archive_run(base / "off_s0", results)
+    text = (results / "runs" / "toy_sasrec_x" / "off_s0" / "config.yaml").read_text()
+    assert text == "config: configs/experiments/x.yaml\ndata_root: ../shared/data\n"
