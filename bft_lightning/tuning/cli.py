@@ -206,7 +206,7 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
             attempt = next(
                 (t for t in study.get_trials(deepcopy=False) if t.number == history[-1]), None
             )
-            if attempt is not None and attempt.params == trial.params:
+            if attempt is not None:  # same params: Optuna's retry copies them
                 resume = resume_point(plan, attempt)
         result = run_trial(
             trial,

@@ -45,14 +45,18 @@ class Plan:
 @dataclass
 class Resume:
     """Where a retried trial picks up its interrupted attempt: that attempt's run folder
-    (``version``) and ``last.ckpt``, and what it had validated (the recorder's
-    ``(epoch, value)`` pairs and the pruner's intermediate values, step = epoch - 1)."""
+    (``run_dir``; the logger's ``version`` is its name) and ``last.ckpt``, and what it had
+    validated (the recorder's ``(epoch, value)`` pairs and the pruner's intermediate
+    values, step = epoch - 1)."""
 
-    version: str
+    run_dir: str
     ckpt: str
     validations: list[tuple[int, float]]
     intermediate: dict[int, float]
-    run_dir: str = ""
+
+    @property
+    def version(self) -> str:
+        return Path(self.run_dir).name
 
 
 @dataclass
@@ -248,7 +252,7 @@ def resume_point(plan: Plan, attempt: Any) -> Resume | None:
     intermediate = {int(k): float(v) for k, v in attempt.intermediate_values.items()}
     if not validations:  # a killed attempt that never saved its history: the pruner's
         validations = [(step + 1, value) for step, value in sorted(intermediate.items())]
-    return Resume(folder.name, str(ckpt), validations, intermediate, str(run_dir))
+    return Resume(str(run_dir), str(ckpt), validations, intermediate)
 
 
 class _TrialRecorder(Callback):
