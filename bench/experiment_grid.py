@@ -2,8 +2,10 @@
 
 ``configs/grid.yaml`` lists the backbones, precisions and datasets; every
 combination is ``configs/experiments/<backbone>_<precision>_<dataset>.yaml``:
-``seed_everything`` and the paths of its trainer, model and data parts. The
-files exist so that an experiment stays one short command
+``seed_everything`` and the paths of its trainer, model and data parts
+(``trainer_for`` gives a dataset its own trainer part, ``model_for`` one backbone on
+a dataset its own model part). The files exist so that an experiment stays one
+short command
 (``python -m bft_lightning fit --config configs/experiments/sasrec_on_beauty.yaml``);
 the same run composed by hand is
 ``python -m bft_lightning fit --seed_everything 0 --trainer configs/trainer/cpu.yaml
@@ -41,9 +43,11 @@ def experiments(table: Path = TABLE) -> dict[str, str]:
         for precision in spec["precisions"]:
             for dataset in spec["datasets"]:
                 trainer = (spec.get("trainer_for") or {}).get(dataset, spec["trainer"])
+                model = ((spec.get("model_for") or {}).get(dataset) or {}).get(backbone)
+                model = (model or f"{backbone}_{{precision}}").format(precision=precision)
                 parts = {
                     "trainer": f"trainer/{trainer}.yaml",
-                    "model": f"model/{backbone}_{precision}.yaml",
+                    "model": f"model/{model}.yaml",
                     "data": f"data/{dataset}.yaml",
                 }
                 for key, part in parts.items():

@@ -47,12 +47,14 @@ class Resume:
     """Where a retried trial picks up its interrupted attempt: that attempt's run folder
     (``run_dir``; the logger's ``version`` is its name) and ``last.ckpt``, and what it had
     validated (the recorder's ``(epoch, value)`` pairs and the pruner's intermediate
-    values, step = epoch - 1)."""
+    values, step = epoch - 1), and the seconds it had trained (0 for an attempt killed
+    outright, which could not record them)."""
 
     run_dir: str
     ckpt: str
     validations: list[tuple[int, float]]
     intermediate: dict[int, float]
+    seconds: float = 0.0
 
     @property
     def version(self) -> str:
@@ -252,7 +254,8 @@ def resume_point(plan: Plan, attempt: Any) -> Resume | None:
     intermediate = {int(k): float(v) for k, v in attempt.intermediate_values.items()}
     if not validations:  # a killed attempt that never saved its history: the pruner's
         validations = [(step + 1, value) for step, value in sorted(intermediate.items())]
-    return Resume(str(run_dir), str(ckpt), validations, intermediate)
+    seconds = float(attempt.user_attrs.get("seconds") or 0.0)
+    return Resume(str(run_dir), str(ckpt), validations, intermediate, seconds)
 
 
 class _TrialRecorder(Callback):
@@ -423,7 +426,9 @@ def _run_trial(
         result.attrs["resume_failed"] = True
         return result
     best = _best(trainer, plan, recorder)
-    result.attrs.update(best, seconds=round(time.monotonic() - start, 1))
+    # the whole run's time: a resumed trial adds its interrupted attempt's
+    spent = time.monotonic() - start + (resume.seconds if resume is not None else 0.0)
+    result.attrs.update(best, seconds=round(spent, 1))
     if result.state == "complete":
         if best.get("best_value") is None:
             return TrialResult(

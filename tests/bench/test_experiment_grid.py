@@ -45,6 +45,33 @@ def test_a_missing_part_is_named(tmp_path: Path) -> None:
         grid.experiments(tmp_path / "grid.yaml")
 
 
+def _copy_table(tmp_path: Path, table: dict) -> Path:
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(table))
+    for part in ("trainer", "model", "data"):
+        (tmp_path / part).mkdir()
+        for f in (grid.TABLE.parent / part).glob("*.yaml"):
+            (tmp_path / part / f.name).write_text(f.read_text())
+    return tmp_path / "grid.yaml"
+
+
+def test_model_for_gives_one_backbone_on_one_dataset_its_own_part(tmp_path: Path) -> None:
+    table = yaml.safe_load(grid.TABLE.read_text())
+    table["datasets"] = ["beauty", "sports"]
+    table["trainer_for"] = {"sports": "cpu_small"}
+    table["model_for"] = {"beauty": {"sasrec": "sasrec_{precision}_ce"}}
+    cells = grid.experiments(_copy_table(tmp_path, table))
+    for p in ("off", "on"):
+        assert f"model: ../model/sasrec_{p}_ce.yaml" in cells[f"sasrec_{p}_beauty.yaml"]
+        assert f"model: ../model/sasrec_{p}.yaml" in cells[f"sasrec_{p}_sports.yaml"]
+        assert f"model: ../model/hstu_{p}.yaml" in cells[f"hstu_{p}_beauty.yaml"]
+    assert "trainer: ../trainer/cpu_small.yaml" in cells["hstu_on_sports.yaml"]
+    assert "trainer: ../trainer/cpu.yaml" in cells["hstu_on_beauty.yaml"]
+    table["model_for"] = {"beauty": {"sasrec": "no_such_{precision}"}}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(table))
+    with pytest.raises(ValueError, match="model part configs/model/no_such_off.yaml"):
+        grid.experiments(tmp_path / "grid.yaml")
+
+
 class ParseOnly(BFTCLI):
     def instantiate_classes(self) -> None:
         pass

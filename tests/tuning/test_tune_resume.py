@@ -72,6 +72,9 @@ def test_retry_resumes_the_interrupted_run_and_keeps_its_history(
     assert sorted(retry.intermediate_values) == [0, 1, 2, 3]  # the pruner's whole history
     assert retry.value == pytest.approx(max(v for _, v in validations), abs=1e-6)
     assert retry.user_attrs["best_epoch"] == max(validations, key=lambda ev: ev[1])[0]
+    # its time is the whole run's: the interrupted attempt's seconds and its own
+    assert cut.user_attrs["seconds"] > 0
+    assert retry.user_attrs["seconds"] > cut.user_attrs["seconds"]
 
 
 def test_no_resume_without_a_checkpoint_or_from_another_folder(tmp_path: Path) -> None:
@@ -82,7 +85,8 @@ def test_no_resume_without_a_checkpoint_or_from_another_folder(tmp_path: Path) -
     ckpt = root / "s_trial000" / "checkpoints" / "last.ckpt"
 
     class Attempt:
-        user_attrs = {"run_dir": str(root / "s_trial000"), "validations": [[1, 0.1]]}
+        user_attrs = {"run_dir": str(root / "s_trial000"), "validations": [[1, 0.1]],
+                      "seconds": 12.5}  # fmt: skip
         intermediate_values = {0: 0.1}
 
     assert resume_point(plan, Attempt()) is None  # no checkpoint yet
@@ -91,6 +95,7 @@ def test_no_resume_without_a_checkpoint_or_from_another_folder(tmp_path: Path) -
     point = resume_point(plan, Attempt())
     assert point is not None and point.version == "s_trial000" and point.ckpt == str(ckpt)
     assert point.validations == [(1, 0.1)] and point.intermediate == {0: 0.1}
+    assert point.seconds == 12.5
     elsewhere = Plan([], "val/ndcg@10", "max", str(tmp_path / "other"), True, 4,
                      str(tmp_path / "other" / "trials"))  # fmt: skip
     assert resume_point(elsewhere, Attempt()) is None
@@ -101,7 +106,8 @@ def test_no_resume_without_a_checkpoint_or_from_another_folder(tmp_path: Path) -
         user_attrs = {"run_dir": str(root / "s_trial000")}
         intermediate_values = {0: 0.1, 1: 0.2}
 
-    assert resume_point(plan, Killed()).validations == [(1, 0.1), (2, 0.2)]
+    killed = resume_point(plan, Killed())
+    assert killed.validations == [(1, 0.1), (2, 0.2)] and killed.seconds == 0.0
 
 
 def test_a_checkpoint_that_does_not_load_is_trained_again_from_the_start(
