@@ -113,7 +113,10 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
     from bft_lightning.tuning import report
     from bft_lightning.tuning.space import load_space
     from bft_lightning.tuning.study import (
+        CONFIG_ATTR,
         HEARTBEAT_S,
+        counted,
+        fit_config_changes,
         make_pruner,
         make_sampler,
         make_storage,
@@ -137,10 +140,26 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
     storage = make_storage(url, heartbeat)
     direction = "maximize" if plan.mode == "max" else "minimize"
     meta = {"search": space.fingerprint(), "fit_args": plan.base, "monitor": plan.monitor}
+    fit_config = None if opts.worker_only else config_yaml(plan.base)  # workers: the parent's
     study = open_study(
         name, storage, direction, make_sampler(opts.sampler_seed),
         make_pruner(opts.pruner, opts.trials, plan.max_epochs, opts.prune_after), meta,
+        fit_config,
     )  # fmt: skip
+    made_with = study.user_attrs.get(CONFIG_ATTR)
+    if fit_config is not None and made_with is not None and made_with != fit_config:
+        changes = "; ".join(fit_config_changes(made_with, fit_config))
+        if len(counted(study)) < opts.trials:
+            raise ValueError(
+                f"--study-name {name}: the fit config has changed since the study was made "
+                f"({changes}), so its next trials would not be comparable with its earlier "
+                "ones; restore those settings, or use another --study-name"
+            )
+        print(
+            f"tune: the fit config has changed since study {name} was made ({changes}); "
+            "its trials are done, and best.yaml keeps the config they ran with",
+            flush=True,
+        )
     out = Path(opts.out or Path(plan.save_dir) / "tune" / name)
     if not opts.worker_only:
         print(
@@ -178,7 +197,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         return 143 if stop.how == "SIGTERM" else 130
     if opts.worker_only:
         return 0
-    return _finish(study, space, plan, out, config_yaml)
+    return _finish(study, space, plan, out, config_yaml, made_with)
 
 
 def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: bool) -> Any:
@@ -280,7 +299,13 @@ def _spawn(argv: list[str], workers: int, url: str) -> None:
         raise SystemExit(f"error: a worker of the study ended with exit status {max(codes)}")
 
 
-def _finish(study: Any, space: Any, plan: Any, out: Path, config_yaml: Any) -> int:
+def _finish(
+    study: Any, space: Any, plan: Any, out: Path, config_yaml: Any, made_with: str | None
+) -> int:
+    """The report; ``best.yaml`` is the best trial's values over the config the study was
+    made with (``made_with``; the base arguments, for a study made before it was stored)."""
+    import tempfile
+
     from optuna.trial import TrialState
 
     from bft_lightning.tuning import report
@@ -297,7 +322,12 @@ def _finish(study: Any, space: Any, plan: Any, out: Path, config_yaml: Any) -> i
     if complete:
         best = study.best_trial
         values = best.user_attrs.get("values") or best.params
-        text = config_yaml([*plan.base, *space.overrides(values)])
+        with tempfile.TemporaryDirectory() as tmp:
+            base = plan.base
+            if made_with is not None:
+                (Path(tmp) / "made_with.yaml").write_text(made_with, encoding="utf-8")
+                base = ["--config", str(Path(tmp) / "made_with.yaml")]
+            text = config_yaml([*base, *space.overrides(values)])
         head = (
             f"# study {study.study_name}, trial {best.number}: {plan.monitor} = {best.value:.4f}\n"
             f"# python -m bft_lightning fit --config {out / 'best.yaml'}\n"

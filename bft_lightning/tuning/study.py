@@ -32,8 +32,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
+    "CONFIG_ATTR",
     "HEARTBEAT_S",
     "counted",
+    "fit_config_changes",
     "make_pruner",
     "make_sampler",
     "make_storage",
@@ -159,8 +161,12 @@ def make_pruner(
 
 
 def open_study(name: str, storage: Any, direction: Any, sampler: Any, pruner: Any,
-               meta: dict[str, Any]) -> optuna.Study:  # fmt: skip
-    """Create or load the study; a loaded one must be of the same search and config."""
+               meta: dict[str, Any], fit_config: str | None = None) -> optuna.Study:  # fmt: skip
+    """Create or load the study; a loaded one must be of the same search and config.
+
+    ``fit_config``, the resolved ``fit`` config of the base arguments, is stored with a
+    study this command makes (user attribute ``bft_tune_config``): what its trials ran
+    with, whatever the config files say later (:func:`fit_config_changes`)."""
     study = optuna.create_study(
         study_name=name, storage=storage, direction=direction, sampler=sampler, pruner=pruner,
         load_if_exists=True,
@@ -173,6 +179,8 @@ def open_study(name: str, storage: Any, direction: Any, sampler: Any, pruner: An
     saved = study.user_attrs.get("bft_tune")
     if saved is None:
         study.set_user_attr("bft_tune", meta)
+        if fit_config is not None:
+            study.set_user_attr(CONFIG_ATTR, fit_config)
     elif {k: saved.get(k) for k in meta} != meta:
         differ = sorted(k for k in meta if saved.get(k) != meta[k])
         raise ValueError(
@@ -181,6 +189,39 @@ def open_study(name: str, storage: Any, direction: Any, sampler: Any, pruner: An
             "command, or use another --study-name"
         )
     return study
+
+
+CONFIG_ATTR = "bft_tune_config"
+
+
+def fit_config_changes(made: str, now: str, limit: int = 4) -> list[str]:
+    """The settings that differ between two resolved ``fit`` configs (YAML), as
+    ``key: before -> now`` (at most ``limit``, then how many more)."""
+    import yaml
+
+    def flat(node: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(node, dict):
+            out: dict[str, Any] = {}
+            for k, v in node.items():
+                out.update(flat(v, f"{prefix}{k}."))
+            return out
+        if isinstance(node, list) and any(isinstance(v, dict | list) for v in node):
+            out = {}
+            for i, v in enumerate(node):
+                out.update(flat(v, f"{prefix}{i}."))
+            return out
+        return {prefix[:-1]: node}
+
+    before, after = flat(yaml.safe_load(made) or {}), flat(yaml.safe_load(now) or {})
+    missing = object()
+    keys = sorted(k for k in before.keys() | after.keys()
+                  if before.get(k, missing) != after.get(k, missing))  # fmt: skip
+    shown = [
+        f"{k}: {before.get(k, '(unset)')!s} -> {after.get(k, '(unset)')!s}" for k in keys[:limit]
+    ]
+    if len(keys) > limit:
+        shown.append(f"and {len(keys) - limit} more")
+    return shown
 
 
 def counts(t: FrozenTrial) -> bool:

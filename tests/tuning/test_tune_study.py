@@ -127,3 +127,46 @@ def test_all_trials_refused_exits_2(tmp_path: Path, capsys) -> None:
     assert code == 2
     assert "trial   0 FAIL" in out and "all 1 trials failed" in out
     assert not (tmp_path / "out" / "best.yaml").exists()
+
+
+def test_a_study_keeps_the_fit_config_it_was_made_with(tmp_path: Path, capsys) -> None:
+    """The config files change after a study: a finished one reports with the config its
+    trials ran with; one with budget left refuses to go on, naming what changed."""
+    from tune_helpers import REPO
+
+    configs = REPO / "configs"
+    model = write(tmp_path / "model.yaml", (configs / "model" / "sasrec_off.yaml").read_text())
+    experiment = write(
+        tmp_path / "experiment.yaml",
+        f"seed_everything: 0\ntrainer: {configs / 'trainer' / 'cpu_quick.yaml'}\n"
+        f"model: {model}\ndata: {configs / 'data' / 'synthetic.yaml'}\n",
+    )
+    space = write(tmp_path / "space.yaml", f"{LR}: {{type: categorical, choices: [0.01]}}\n")
+    args = ["--config", str(experiment), "--search", str(space), "--trials", "1",
+            "--storage", f"sqlite:///{tmp_path}/s.db", "--study-name", "kept",
+            "--out", str(tmp_path / "out"), *tiny(tmp_path)]  # fmt: skip
+    code, _, err = tune(args, capsys)
+    assert code == 0, err
+
+    def dropout() -> float:
+        best = yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())
+        return best["model"]["init_args"]["backbone"]["init_args"]["dropout"]
+
+    assert dropout() == 0.5
+    assert "dropout: 0.5\n" in model.read_text()
+    model.write_text(model.read_text().replace("dropout: 0.5\n", "dropout: 0.3\n"))
+    code, out, err = tune(args, capsys)  # finished: it only reports
+    assert code == 0, err
+    assert "model.init_args.backbone.init_args.dropout: 0.5 -> 0.3" in out
+    assert "best.yaml keeps the config they ran with" in out
+    assert dropout() == 0.5
+    args[args.index("--trials") + 1] = "2"  # budget left: new trials would differ
+    code, out, err = tune(args, capsys)
+    assert code == 2 and not [x for x in out.splitlines() if x.startswith("trial ")]
+    assert err.startswith("error: --study-name kept: the fit config has changed since")
+    assert "model.init_args.backbone.init_args.dropout: 0.5 -> 0.3" in err
+    assert len(err.strip().splitlines()) == 1
+    model.write_text(model.read_text().replace("dropout: 0.3\n", "dropout: 0.5\n"))
+    code, out, err = tune(args, capsys)  # restored: the study goes on
+    assert code == 0, err
+    assert [x.split()[1] for x in out.splitlines() if x.startswith("trial ")] == ["1"]
