@@ -44,6 +44,11 @@ def experiments(table: Path = TABLE) -> dict[str, str]:
             for dataset in spec["datasets"]:
                 trainer = (spec.get("trainer_for") or {}).get(dataset, spec["trainer"])
                 model = ((spec.get("model_for") or {}).get(dataset) or {}).get(backbone)
+                if model is not None and "{precision}" not in str(model):
+                    raise ValueError(
+                        f"{table}: model_for {dataset}.{backbone} = {model!r} names no "
+                        "{precision}: the off and on twins would get the same model part"
+                    )
                 model = (model or f"{backbone}_{{precision}}").format(precision=precision)
                 parts = {
                     "trainer": f"trainer/{trainer}.yaml",

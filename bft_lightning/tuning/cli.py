@@ -147,8 +147,10 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         fit_config,
     )  # fmt: skip
     made_with = study.user_attrs.get(CONFIG_ATTR)
+    changes = ""
     if fit_config is not None and made_with is not None and made_with != fit_config:
         changes = "; ".join(fit_config_changes(made_with, fit_config))
+    if changes:
         if len(counted(study)) < opts.trials:
             raise ValueError(
                 f"--study-name {name}: the fit config has changed since the study was made "
@@ -197,7 +199,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         return 143 if stop.how == "SIGTERM" else 130
     if opts.worker_only:
         return 0
-    return _finish(study, space, plan, out, config_yaml, made_with)
+    return _finish(study, space, plan, out, config_yaml, made_with if changes else None)
 
 
 def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: bool) -> Any:
@@ -302,8 +304,9 @@ def _spawn(argv: list[str], workers: int, url: str) -> None:
 def _finish(
     study: Any, space: Any, plan: Any, out: Path, config_yaml: Any, made_with: str | None
 ) -> int:
-    """The report; ``best.yaml`` is the best trial's values over the config the study was
-    made with (``made_with``; the base arguments, for a study made before it was stored)."""
+    """The report; ``best.yaml`` is the best trial's values over the base arguments, or
+    over ``made_with``, the config the study was made with, when the files have changed
+    since (and the options it names still parse)."""
     import tempfile
 
     from optuna.trial import TrialState
@@ -322,12 +325,24 @@ def _finish(
     if complete:
         best = study.best_trial
         values = best.user_attrs.get("values") or best.params
-        with tempfile.TemporaryDirectory() as tmp:
-            base = plan.base
-            if made_with is not None:
+        text = None
+        if made_with is not None:
+            with tempfile.TemporaryDirectory() as tmp:
                 (Path(tmp) / "made_with.yaml").write_text(made_with, encoding="utf-8")
-                base = ["--config", str(Path(tmp) / "made_with.yaml")]
-            text = config_yaml([*base, *space.overrides(values)])
+                try:
+                    text = config_yaml(
+                        ["--config", str(Path(tmp) / "made_with.yaml"), *space.overrides(values)]
+                    )
+                except (Exception, SystemExit) as err:  # noqa: BLE001 - an option since removed
+                    from bft_lightning.utils.errors import one_line
+
+                    print(
+                        f"tune: the config the study was made with no longer parses "
+                        f"({one_line(err)}); best.yaml is over the current files",
+                        flush=True,
+                    )
+        if text is None:
+            text = config_yaml([*plan.base, *space.overrides(values)])
         head = (
             f"# study {study.study_name}, trial {best.number}: {plan.monitor} = {best.value:.4f}\n"
             f"# python -m bft_lightning fit --config {out / 'best.yaml'}\n"

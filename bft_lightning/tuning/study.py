@@ -195,8 +195,12 @@ CONFIG_ATTR = "bft_tune_config"
 
 
 def fit_config_changes(made: str, now: str, limit: int = 4) -> list[str]:
-    """The settings that differ between two resolved ``fit`` configs (YAML), as
-    ``key: before -> now`` (at most ``limit``, then how many more)."""
+    """The settings two resolved ``fit`` configs (YAML) both have and give different
+    values, as ``key: before -> now`` (at most ``limit``, then how many more).
+
+    Compared as parsed values, not text (a dump's header names the Lightning version);
+    a key only one of them has (an option added since, with its default, or one
+    removed) is not a change of an existing setting and is not listed."""
     import yaml
 
     def flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -213,12 +217,8 @@ def fit_config_changes(made: str, now: str, limit: int = 4) -> list[str]:
         return {prefix[:-1]: node}
 
     before, after = flat(yaml.safe_load(made) or {}), flat(yaml.safe_load(now) or {})
-    missing = object()
-    keys = sorted(k for k in before.keys() | after.keys()
-                  if before.get(k, missing) != after.get(k, missing))  # fmt: skip
-    shown = [
-        f"{k}: {before.get(k, '(unset)')!s} -> {after.get(k, '(unset)')!s}" for k in keys[:limit]
-    ]
+    keys = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
+    shown = [f"{k}: {before[k]!s} -> {after[k]!s}" for k in keys[:limit]]
     if len(keys) > limit:
         shown.append(f"and {len(keys) - limit} more")
     return shown

@@ -70,6 +70,10 @@ def test_model_for_gives_one_backbone_on_one_dataset_its_own_part(tmp_path: Path
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(table))
     with pytest.raises(ValueError, match="model part configs/model/no_such_off.yaml"):
         grid.experiments(tmp_path / "grid.yaml")
+    table["model_for"] = {"beauty": {"sasrec": "sasrec_on"}}  # one part for both twins
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(table))
+    with pytest.raises(ValueError, match="model_for beauty.sasrec = 'sasrec_on' names no"):
+        grid.experiments(tmp_path / "grid.yaml")
 
 
 class ParseOnly(BFTCLI):

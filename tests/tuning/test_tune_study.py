@@ -157,6 +157,7 @@ def test_a_study_keeps_the_fit_config_it_was_made_with(tmp_path: Path, capsys) -
     model.write_text(model.read_text().replace("dropout: 0.5\n", "dropout: 0.3\n"))
     code, out, err = tune(args, capsys)  # finished: it only reports
     assert code == 0, err
+    assert not [x for x in out.splitlines() if x.startswith("trial ")]
     assert "model.init_args.backbone.init_args.dropout: 0.5 -> 0.3" in out
     assert "best.yaml keeps the config they ran with" in out
     assert dropout() == 0.5
@@ -170,3 +171,21 @@ def test_a_study_keeps_the_fit_config_it_was_made_with(tmp_path: Path, capsys) -
     code, out, err = tune(args, capsys)  # restored: the study goes on
     assert code == 0, err
     assert [x.split()[1] for x in out.splitlines() if x.startswith("trial ")] == ["1"]
+
+
+def test_config_changes_compare_values_not_text() -> None:
+    from bft_lightning.tuning.study import fit_config_changes
+
+    made = "# lightning.pytorch==2.5.0\ntrainer:\n  max_epochs: 3\nmodel:\n  lr: 0.001\n"
+    # another header, another key order, the same values written otherwise: no change
+    same = "# lightning.pytorch==2.6.6\nmodel:\n  lr: 1.0e-3\ntrainer:\n  max_epochs: 3\n"
+    assert fit_config_changes(made, same) == []
+    # an option added since (its default) or removed is not a changed setting
+    added = same + "  new_option: null\n"
+    assert fit_config_changes(made, added) == []
+    changed = "trainer:\n  max_epochs: 4\nmodel:\n  lr: 0.002\n"
+    assert fit_config_changes(made, changed) == [
+        "model.lr: 0.001 -> 0.002", "trainer.max_epochs: 3 -> 4",
+    ]  # fmt: skip
+    many = "".join(f"k{i}: {i}\n" for i in range(6))
+    assert fit_config_changes(many, many.replace(": ", ": 1"))[-1] == "and 2 more"
