@@ -535,7 +535,11 @@ def main() -> None:
     p.add_argument("--dataset", default="beauty", help="a configs/data/<name>.yaml")
     p.add_argument("--backbone", default="sasrec", choices=["sasrec", "bert4rec", "hstu"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--variants", nargs="+", default=["off", "on_constant", "on_frequency"])
+    p.add_argument(
+        "--variants", nargs="+", default=["off", "on_constant", "on_frequency"],
+        choices=list(VARIANTS), metavar="VARIANT",
+        help=f"any of: {', '.join(VARIANTS)}",
+    )  # fmt: skip
     p.add_argument("--max-epochs", type=int, default=200)
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--runs-dir", default=str(ROOT / "logs" / "reproduce"))
