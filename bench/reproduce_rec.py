@@ -20,6 +20,7 @@ Runs are resumable: a finished run (its ``ranks.npy``) is not trained again.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -141,6 +142,9 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dic
     if args.backbone == "sasrec" and getattr(args, "recipe", None) == "tables":
         extra = [*SASREC_TABLES_RECIPE[precision], *extra]
     config = ROOT / "configs" / "experiments" / f"{args.backbone}_{precision}_{args.dataset}.yaml"
+    if getattr(args, "base_config", None):  # a study's stored config: what its trials ran
+        config = out / "study_config.yaml"
+        write_text_atomic(config, args.base_config)
     argv = ["--config", str(config), f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
             f"--trainer.max_epochs={args.max_epochs}", "--trainer.enable_progress_bar=false",
             f"--trainer.logger.init_args.save_dir={out}", "--trainer.logger.init_args.name=tb",
@@ -203,6 +207,9 @@ def _settings(args: argparse.Namespace) -> dict:
     }  # fmt: skip
     if getattr(args, "recipe", None) == "shipped":  # the tables' recipe is the unmarked one
         settings["recipe"] = "shipped"
+    if getattr(args, "base_config", None):  # trained from a study's config, not the files
+        digest = hashlib.sha256(args.base_config.encode("utf-8")).hexdigest()[:16]
+        settings["base_config_sha256"] = digest
     return settings
 
 

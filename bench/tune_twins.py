@@ -95,6 +95,7 @@ def run_study(args: argparse.Namespace, twin: str) -> dict[str, Any]:
     import optuna
 
     from bft_lightning.tuning.cli import main as tune
+    from bft_lightning.tuning.study import CONFIG_ATTR
 
     code = tune(study_args(args, twin))
     if code != 0:
@@ -107,7 +108,30 @@ def run_study(args: argparse.Namespace, twin: str) -> dict[str, Any]:
     return {
         "study": name, "storage": storage, "trial": best.number, "value": best.value,
         "monitor": meta.get("monitor"), "values": best.user_attrs.get("values", best.params),
+        "fit_config": retrain_config(study.user_attrs.get(CONFIG_ATTR)),
     }  # fmt: skip
+
+
+# what a run's config holds; the rest of a stored ``fit`` config are that command's options
+RETRAIN_SECTIONS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler")
+
+
+def retrain_config(made_with: str | None) -> str | None:
+    """The config a study's trials ran with (stored with the study), as the retrainings
+    read it: its model, data, trainer, optimizer and seed, without the ``fit`` command's
+    run options (``ckpt_path``, ``weights_only``, ...). Retraining from it, not
+    from the config files, keeps the chosen values on the model and data they were
+    chosen for, whatever the files say since. None for a study made before the config
+    was stored: its retrainings read the files, as its trials did."""
+    import yaml
+
+    if not made_with:
+        return None
+    config = yaml.safe_load(made_with)
+    if not isinstance(config, dict):
+        return None
+    kept = {k: v for k, v in config.items() if k in RETRAIN_SECTIONS}
+    return yaml.safe_dump(kept, sort_keys=False)
 
 
 def status(args: argparse.Namespace) -> list[str]:
@@ -163,6 +187,7 @@ def retrain_args(args: argparse.Namespace, best: dict[str, Any]) -> argparse.Nam
     extra = [o for o in shared_overrides(args) if "max_epochs" not in o and "data_root" not in o
              and "loss_normalization" not in o and "accelerator" not in o]  # fmt: skip
     out.override = extra + values  # run_one adds epochs, data root, normalization itself
+    out.base_config = best.get("fit_config")
     out.tag = "tuned"
     return out
 
@@ -303,7 +328,13 @@ def report(args: argparse.Namespace, best: dict[str, dict], runs: dict) -> None:
             trials=args.trials, setting=best[twin]["values"], study=best[twin]["study"],
         )  # fmt: skip
         summary_rows.append(summary)
-    doc = {"command": args.command, "studies": best, "rows": rows, "summary_rows": summary_rows}
+    chosen = {  # the stored config is in each retraining's archived config.yaml
+        twin: {**{k: v for k, v in b.items() if k != "fit_config"},
+               "retrained_from": "the study's config" if b.get("fit_config") else "the files"}
+        for twin, b in best.items()
+    }  # fmt: skip
+    doc = {"command": args.command, "studies": chosen, "rows": rows,
+           "summary_rows": summary_rows}  # fmt: skip
     write_text_atomic(out.with_suffix(".json"), json.dumps(doc, indent=1, default=str))
     write_summary(res)
     print(out.with_suffix(".md").read_text())

@@ -62,6 +62,9 @@ def test_tune_twins_end_to_end(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = sorted(p.name for p in (tmp_path / "runs").glob("synthetic_sasrec_t2/*"))
     assert runs == ["tuned_on_s0", "tuned_on_s1"]
+    # retrained from the config the study stored (with the tiny overrides it ran with)
+    stored = tmp_path / "runs" / "synthetic_sasrec_t2" / "tuned_on_s0" / "study_config.yaml"
+    assert "limit_train_batches: 4" in stored.read_text()
     assert not (tmp_path / "res" / "tuned").exists()  # no comparison until both are done
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -86,6 +89,7 @@ def test_tune_twins_end_to_end(tmp_path: Path) -> None:
         "model.init_args.num_negatives"
     }  # the on twin searched the off twin's options and its own
     assert "## The studies" in (res / "tuned" / "synthetic_sasrec.md").read_text()
+    assert {b["retrained_from"] for b in doc["studies"].values()} == {"the study's config"}
 
 
 def test_status_reads_the_studies_without_running_them(tmp_path: Path) -> None:
@@ -113,3 +117,41 @@ def test_status_reads_the_studies_without_running_them(tmp_path: Path) -> None:
     assert lines[1].startswith("on: no study yet")
     table = (tmp_path / "tune" / name / "trials.md").read_text()
     assert table.count("| COMPLETE |") == 2
+
+
+def test_retraining_reads_the_config_the_study_ran_with(tmp_path: Path) -> None:
+    """A study stores its resolved fit config; the retrainings read that, not the
+    files, so a default changed since the study cannot move its chosen values onto
+    another model or data. The stored text parses as the retraining's ``--config``
+    (without ``fit``'s own ``ckpt_path``) and keeps its values."""
+    import yaml
+
+    from bft_lightning.cli import main as cli_main
+    from bft_lightning.tuning.trial import config_yaml
+
+    made_with = config_yaml([
+        "--config", str(SCRIPT.parents[1] / "configs/experiments/sasrec_off_synthetic.yaml"),
+        "--data.init_args.max_len=13", "--data.init_args.synthetic_users=300",
+    ])  # fmt: skip
+    assert "ckpt_path" in yaml.safe_load(made_with)
+    text = tt.retrain_config(made_with)
+    assert text is not None and set(yaml.safe_load(text)) == set(tt.RETRAIN_SECTIONS)
+    assert tt.retrain_config(None) is None
+    args = _args(tmp_path)
+    best = {"values": {"model.init_args.lr": 0.01}, "fit_config": text}
+    retrain = tt.retrain_args(args, best)
+    assert retrain.base_config == text
+    (tmp_path / "study_config.yaml").write_text(text)
+    cli = cli_main(
+        ["--config", str(tmp_path / "study_config.yaml"), "--trainer.logger=false",
+         *[o for o in retrain.override if "limit_train" not in o]],
+        run=False,
+    )  # fmt: skip
+    assert cli.datamodule.hparams.max_len == 13  # the study's, not the file's 50
+    assert cli.model.hparams.lr == 0.01  # the chosen value on top
+    # a run trained from a study's config is not reused by one from the files
+    files = tt.retrain_args(args, {"values": best["values"]})
+    assert files.base_config is None
+    import reproduce_rec as rr
+
+    assert rr._settings(retrain) != rr._settings(files)
