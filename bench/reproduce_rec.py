@@ -208,7 +208,10 @@ def _settings(args: argparse.Namespace) -> dict:
     if getattr(args, "recipe", None) == "shipped":  # the tables' recipe is the unmarked one
         settings["recipe"] = "shipped"
     if getattr(args, "base_config", None):  # trained from a study's config, not the files
-        digest = hashlib.sha256(args.base_config.encode("utf-8")).hexdigest()[:16]
+        import yaml
+
+        canonical = json.dumps(yaml.safe_load(args.base_config), sort_keys=True, default=str)
+        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
         settings["base_config_sha256"] = digest
     return settings
 

@@ -149,7 +149,9 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
     made_with = study.user_attrs.get(CONFIG_ATTR)
     changes = ""
     if fit_config is not None and made_with is not None and made_with != fit_config:
-        changes = "; ".join(fit_config_changes(made_with, fit_config))
+        changes = "; ".join(
+            fit_config_changes(made_with, fit_config, reparse=lambda t: _reparse(t, config_yaml))
+        )
     if changes:
         if len(counted(study)) < opts.trials:
             raise ValueError(
@@ -199,7 +201,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         return 143 if stop.how == "SIGTERM" else 130
     if opts.worker_only:
         return 0
-    return _finish(study, space, plan, out, config_yaml, made_with if changes else None)
+    return _finish(study, space, plan, out, config_yaml, made_with)
 
 
 def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: bool) -> Any:
@@ -301,14 +303,21 @@ def _spawn(argv: list[str], workers: int, url: str) -> None:
         raise SystemExit(f"error: a worker of the study ended with exit status {max(codes)}")
 
 
+def _reparse(text: str, config_yaml: Any, *overrides: str) -> str:
+    """A stored config (YAML) resolved again by the current parser, with ``overrides``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "made_with.yaml").write_text(text, encoding="utf-8")
+        return str(config_yaml(["--config", str(Path(tmp) / "made_with.yaml"), *overrides]))
+
+
 def _finish(
     study: Any, space: Any, plan: Any, out: Path, config_yaml: Any, made_with: str | None
 ) -> int:
-    """The report; ``best.yaml`` is the best trial's values over the base arguments, or
-    over ``made_with``, the config the study was made with, when the files have changed
-    since (and the options it names still parse)."""
-    import tempfile
-
+    """The report; ``best.yaml`` is the best trial's values over ``made_with``, the config
+    the study was made with (stored with it), or over the base arguments for a study made
+    before that was stored or whose options no longer parse."""
     from optuna.trial import TrialState
 
     from bft_lightning.tuning import report
@@ -327,20 +336,16 @@ def _finish(
         values = best.user_attrs.get("values") or best.params
         text = None
         if made_with is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                (Path(tmp) / "made_with.yaml").write_text(made_with, encoding="utf-8")
-                try:
-                    text = config_yaml(
-                        ["--config", str(Path(tmp) / "made_with.yaml"), *space.overrides(values)]
-                    )
-                except (Exception, SystemExit) as err:  # noqa: BLE001 - an option since removed
-                    from bft_lightning.utils.errors import one_line
+            try:
+                text = _reparse(made_with, config_yaml, *space.overrides(values))
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - an option since removed
+                from bft_lightning.utils.errors import one_line
 
-                    print(
-                        f"tune: the config the study was made with no longer parses "
-                        f"({one_line(err)}); best.yaml is over the current files",
-                        flush=True,
-                    )
+                print(
+                    f"tune: the config the study was made with no longer parses "
+                    f"({one_line(err)}); best.yaml is over the current files",
+                    flush=True,
+                )
         if text is None:
             text = config_yaml([*plan.base, *space.overrides(values)])
         head = (

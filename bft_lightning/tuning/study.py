@@ -194,17 +194,27 @@ def open_study(name: str, storage: Any, direction: Any, sampler: Any, pruner: An
 CONFIG_ATTR = "bft_tune_config"
 
 
-def fit_config_changes(made: str, now: str, limit: int = 4) -> list[str]:
-    """The settings two resolved ``fit`` configs (YAML) both have and give different
-    values, as ``key: before -> now`` (at most ``limit``, then how many more).
+def fit_config_changes(
+    made: str, now: str, limit: int = 4, reparse: Callable[[str], str] | None = None
+) -> list[str]:
+    """The settings on which two resolved ``fit`` configs (YAML) differ, as
+    ``key: before -> now`` (at most ``limit``, then how many more).
 
-    Compared as parsed values, not text (a dump's header names the Lightning version);
-    a key only one of them has (an option added since, with its default, or one
-    removed) is not a change of an existing setting and is not listed."""
+    Compared as parsed values, not text (a dump's header names the Lightning version),
+    and with their types (``limit_train_batches`` 1.0 is every batch, 1 is one). A
+    setting only one side has is a change too: a callback added or removed, a scheduler
+    where there was none. ``reparse`` resolves ``made`` again through the current parser
+    first, so an option added to the code since takes its default on both sides; where
+    that fails (an option it names was removed since), ``made`` is compared as stored.
+    """
     import yaml
 
+    if reparse is not None:
+        with contextlib.suppress(Exception, SystemExit):
+            made = reparse(made)
+
     def flat(node: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(node, dict):
+        if isinstance(node, dict) and node:
             out: dict[str, Any] = {}
             for k, v in node.items():
                 out.update(flat(v, f"{prefix}{k}."))
@@ -216,9 +226,24 @@ def fit_config_changes(made: str, now: str, limit: int = 4) -> list[str]:
             return out
         return {prefix[:-1]: node}
 
-    before, after = flat(yaml.safe_load(made) or {}), flat(yaml.safe_load(now) or {})
-    keys = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
-    shown = [f"{k}: {before[k]!s} -> {after[k]!s}" for k in keys[:limit]]
+    def text(value: Any) -> str:
+        return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+    try:
+        stored = yaml.safe_load(made) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"the study's stored fit config does not parse as YAML ({err})") from None
+    before, after = flat(stored), flat(yaml.safe_load(now) or {})
+    absent = "(not set)"
+    keys = sorted(
+        k for k in before.keys() | after.keys()
+        if k not in before or k not in after or text(before[k]) != text(after[k])
+    )  # fmt: skip
+    shown = [
+        f"{k}: {text(before[k]) if k in before else absent} -> "
+        f"{text(after[k]) if k in after else absent}"
+        for k in keys[:limit]
+    ]
     if len(keys) > limit:
         shown.append(f"and {len(keys) - limit} more")
     return shown

@@ -180,12 +180,48 @@ def test_config_changes_compare_values_not_text() -> None:
     # another header, another key order, the same values written otherwise: no change
     same = "# lightning.pytorch==2.6.6\nmodel:\n  lr: 1.0e-3\ntrainer:\n  max_epochs: 3\n"
     assert fit_config_changes(made, same) == []
-    # an option added since (its default) or removed is not a changed setting
-    added = same + "  new_option: null\n"
-    assert fit_config_changes(made, added) == []
+    # an option added to the code since: the stored config, parsed again, has its default
+    added = made + "  new_option: null\n"
+    assert fit_config_changes(made, added, reparse=lambda t: t + "  new_option: null\n") == []
+    # ... while an option only one side sets is a change (a callback, a scheduler)
+    assert fit_config_changes(made, added) == ["model.new_option: (not set) -> null"]
+    assert fit_config_changes(made, added, reparse=lambda t: 1 / 0) == [
+        "model.new_option: (not set) -> null"
+    ]  # a stored config the current parser refuses is compared as stored
+    # the type is part of the value: 1.0 is every batch, 1 is one
+    assert fit_config_changes(made, made.replace("max_epochs: 3", "max_epochs: 3.0")) == [
+        "trainer.max_epochs: 3 -> 3.0"
+    ]
     changed = "trainer:\n  max_epochs: 4\nmodel:\n  lr: 0.002\n"
     assert fit_config_changes(made, changed) == [
         "model.lr: 0.001 -> 0.002", "trainer.max_epochs: 3 -> 4",
     ]  # fmt: skip
     many = "".join(f"k{i}: {i}\n" for i in range(6))
     assert fit_config_changes(many, many.replace(": ", ": 1"))[-1] == "and 2 more"
+
+
+def test_config_changes_see_added_callbacks_and_schedulers() -> None:
+    """On real resolved dumps: a block added where there was none (a scheduler, a
+    callback) is a change, as is a fraction of batches turned into a count; the same
+    config resolved again is not."""
+    from tune_helpers import REPO
+
+    from bft_lightning.tuning.study import fit_config_changes
+    from bft_lightning.tuning.trial import config_yaml
+
+    base = ["--config", str(REPO / "configs/experiments/sasrec_off_synthetic.yaml"),
+            "--trainer.limit_train_batches=1.0"]  # fmt: skip
+    made = config_yaml(base)
+    assert fit_config_changes(made, config_yaml(base)) == []
+    batches = fit_config_changes(made, config_yaml([*base, "--trainer.limit_train_batches=1"]))
+    assert batches == ["trainer.limit_train_batches: 1.0 -> 1"]
+    scheduler = config_yaml([*base, "--lr_scheduler=StepLR", "--lr_scheduler.step_size=2"])
+    assert any(c.startswith("lr_scheduler") for c in fit_config_changes(made, scheduler))
+    monitor = config_yaml(
+        [
+            *base,
+            "--trainer.callbacks+=LearningRateMonitor",
+            "--trainer.callbacks.logging_interval=epoch",
+        ]
+    )
+    assert any(c.startswith("trainer.callbacks.") for c in fit_config_changes(made, monitor))
