@@ -112,6 +112,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
 
     from bft_lightning.tuning import report
     from bft_lightning.tuning.space import load_space
+    from bft_lightning.tuning.stopping import TrialInterrupted
     from bft_lightning.tuning.study import (
         CONFIG_ATTR,
         HEARTBEAT_S,
@@ -123,7 +124,7 @@ def _tune(opts: argparse.Namespace, overrides: list[str], argv: list[str]) -> in
         open_study,
         run_worker,
     )
-    from bft_lightning.tuning.trial import TrialInterrupted, check_keys, config_yaml, plan_study
+    from bft_lightning.tuning.trial import check_keys, config_yaml, plan_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -208,7 +209,8 @@ def _objective(study: Any, space: Any, plan: Any, name: str, out: Path, prune: b
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    from bft_lightning.tuning.trial import TrialFailed, TrialInterrupted, resume_point, run_trial
+    from bft_lightning.tuning.stopping import TrialFailed, TrialInterrupted
+    from bft_lightning.tuning.trial import resume_point, run_trial
 
     def objective(trial: optuna.Trial) -> float:
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -279,8 +281,12 @@ def _spawn(argv: list[str], workers: int, url: str) -> None:
         subprocess.Popen([*command, "--worker-index", str(i), *args], env=env)
         for i in range(workers)
     ]
-    from bft_lightning.tuning.study import interrupt_seen, stop_signal, stops_on_signals
-    from bft_lightning.tuning.trial import TrialInterrupted
+    from bft_lightning.tuning.stopping import (
+        TrialInterrupted,
+        interrupt_seen,
+        stop_signal,
+        stops_on_signals,
+    )
 
     try:
         with stops_on_signals():

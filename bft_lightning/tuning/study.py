@@ -19,17 +19,22 @@ trial too many (the loser's trial is recorded as failed with the user attribute
 from __future__ import annotations
 
 import contextlib
-import signal
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+
+from bft_lightning.tuning.stopping import (
+    TrialFailed,
+    TrialInterrupted,
+    interrupt_seen,
+    stop_signal,
+    stops_on_signals,
+)
 
 __all__ = [
     "CONFIG_ATTR",
@@ -286,66 +291,6 @@ def _retry(study: optuna.Study, number: int | None) -> None:
     RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(study, frozen)
 
 
-_STOP: dict[str, str] = {}  # the signal that stopped this worker, once one has
-
-
-def stop_signal() -> str:
-    """How this worker was stopped: ``SIGTERM``, or ``Ctrl+C`` (SIGINT, also when no
-    handler of :func:`stops_on_signals` saw it)."""
-    return _STOP.get("how", "Ctrl+C")
-
-
-def interrupt_seen() -> None:
-    """The KeyboardInterrupt of :func:`stops_on_signals` reached code that handles it
-    (Lightning's shutdown, a trial's or the worker's handler): no more are raised."""
-    if _STOP and not _STOP.get("seen"):
-        _STOP["seen"] = "yes"
-        if hasattr(signal, "setitimer"):
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-@contextlib.contextmanager
-def stops_on_signals() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl+C (a KeyboardInterrupt), wherever it lands: in a trial's
-    fit (Lightning adds this handler after its own and shuts the run down), or between
-    trials; Python's default would end the process at once, leaving a RUNNING trial.
-
-    A KeyboardInterrupt raised where Python swallows it (a weakref or ``__del__``
-    callback) would be lost, so it is raised again every second (SIGALRM) until
-    :func:`interrupt_seen`; after that, further signals (a parent passing on what its
-    process group already had) are ignored, so as not to cut the orderly stop short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _STOP.clear()
-    timer = hasattr(signal, "setitimer")
-
-    def handler(signum: int, frame: Any) -> None:
-        if _STOP.get("seen") or (_STOP and signum != getattr(signal, "SIGALRM", None)):
-            return
-        if not _STOP:
-            _STOP["how"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl+C"
-            if timer:
-                signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
-        raise KeyboardInterrupt
-
-    def unraisable(event: Any) -> None:  # the swallowed one is raised again: not shown
-        if not (_STOP and isinstance(event.exc_value, KeyboardInterrupt)):
-            hook(event)
-
-    signals = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGALRM] if timer else [])
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    hook, sys.unraisablehook = sys.unraisablehook, unraisable
-    try:
-        yield
-    finally:
-        if timer:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        sys.unraisablehook = hook
-        for sig, old in previous.items():
-            signal.signal(sig, old if old is not None else signal.SIG_DFL)
-
-
 def run_worker(
     study: optuna.Study,
     budget: int,
@@ -363,7 +308,6 @@ def run_worker(
     without heartbeats (``journal:``) a running trial cannot be told from a killed
     one, and the worker stops instead.
     """
-    from bft_lightning.tuning.trial import TrialInterrupted
 
     current: dict[str, int] = {}
 
@@ -410,7 +354,6 @@ def _run_until_budget(
     report: Callable[[optuna.Study, FrozenTrial], None], heartbeat: bool, seed: int,
     worker: int, poll: float, current: dict[str, int],
 ) -> None:  # fmt: skip
-    from bft_lightning.tuning.trial import TrialFailed
 
     while True:
         _fail_stale(study)

@@ -26,6 +26,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from bft_lightning.tuning.stopping import interrupt_seen, stop_signal
+
 __all__ = ["Plan", "Resume", "TrialResult", "compose", "plan_study", "resume_point", "run_trial"]
 
 
@@ -70,30 +72,13 @@ class TrialResult:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-class TrialFailed(Exception):
-    """Raised out of the objective so that Optuna records the trial as FAIL."""
-
-
-class TrialInterrupted(Exception):
-    """The trial was stopped from outside (SIGTERM, Ctrl+C): Optuna records it as FAIL
-    without a reason (it does not count toward the budget), and the worker stops; the
-    next run of the command retries it with its values, as it does a killed trial."""
-
-    def __init__(self, number: int | None, how: str) -> None:
-        what = f"trial {number}" if number is not None else "the study"
-        super().__init__(f"{what} interrupted by {how}")
-        self.number, self.how = number, how
-
-
 def _interruption(err: BaseException | None) -> str | None:
     """``SIGTERM`` or ``Ctrl+C`` when ``err`` is how Lightning stops a run on that signal."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     if isinstance(err, SIGTERMException):
         return "SIGTERM"
-    if isinstance(err, KeyboardInterrupt):  # SIGTERM too, in a study (study.stops_on_signals)
-        from bft_lightning.tuning.study import stop_signal
-
+    if isinstance(err, KeyboardInterrupt):  # SIGTERM too, in a study (stopping.stops_on_signals)
         return stop_signal()
     return None
 
@@ -401,8 +386,6 @@ def _run_trial(
             # Lightning turns Ctrl+C into sys.exit(1): the signal is only seen here
             holder["interrupted"] = _interruption(exception)
             if holder["interrupted"]:
-                from bft_lightning.tuning.study import interrupt_seen
-
                 interrupt_seen()
 
     extra.append(Keep())
@@ -415,8 +398,6 @@ def _run_trial(
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - a trial result
         how = _interruption(err) or holder.get("interrupted")
         if how:
-            from bft_lightning.tuning.study import interrupt_seen
-
             interrupt_seen()
         if how is None and isinstance(err, KeyboardInterrupt):
             raise

@@ -177,7 +177,7 @@ def test_first_signal_interrupts_a_second_is_ignored_and_handlers_come_back() ->
     import os
     import signal
 
-    from bft_lightning.tuning.study import interrupt_seen, stop_signal, stops_on_signals
+    from bft_lightning.tuning.stopping import interrupt_seen, stop_signal, stops_on_signals
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
