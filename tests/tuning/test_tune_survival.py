@@ -145,7 +145,12 @@ def test_ctrl_c_to_two_workers_interrupts_both_trials_and_requeues_them(tmp_path
     assert len(cut) == 2 and all(t.user_attrs.get("fail_kind") == "interrupted" for t in cut)
     assert not any(counts(t) for t in cut)
     waiting = [t for t in trials if t.state == TrialState.WAITING]
-    assert sorted(str(t.params) for t in waiting) == sorted(str(t.params) for t in cut)
+    # every interrupted trial's values wait to be retried. A set, not a list: a worker
+    # between trials when the signal lands may take the retry the other worker has just
+    # queued (its query held up by that worker's lock on the database) and be cut in it;
+    # both cuts then carry the same values, and the one queued retry covers them
+    assert {str(t.params) for t in waiting} == {str(t.params) for t in cut}
+    assert len(waiting) <= len(cut)
     assert not any(t.state == TrialState.RUNNING for t in trials)
 
 
