@@ -9,8 +9,13 @@ recomputed here; a comparison whose row is missing is an error that names it.
 
     python bench/findings_plot.py --out results/rec/findings.png
 
-A comparison is ``LABEL=dataset:backbone:tag:variant`` (a summary row; ``tag``
-may be empty) or ``LABEL=selected/NAME`` (``results/rec/selected/NAME.json``).
+A comparison is ``LABEL=dataset:backbone:tag:variant[:protocol]`` (a summary row;
+``tag`` may be empty; ``protocol`` ``seen_masked``, the default where a row has both,
+or ``unmasked``) or ``LABEL=selected/NAME`` (``results/rec/selected/NAME.json``).
+``--set tuned`` draws the current verdict instead, the tuned twins' rows (FINDINGS.md's
+first table), to ``results/rec/tuned/verdict.png``:
+
+    python bench/findings_plot.py --set tuned
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ DEFAULT = [
     "Beauty HSTU, dropout 0.2=beauty:hstu::on_frequency",
     "Beauty BERT4Rec, prior scale 8=beauty:bert4rec:c8:on_c8",
 ]
+# The tuned twins (bench/tune_twins.py), as FINDINGS.md's first table lists them.
+TUNED = [
+    "Beauty, 10 trials a twin=beauty:sasrec:tuned/beauty_sasrec_sasrec_ss256:on",
+    "Beauty, 30% noise=beauty:sasrec:tuned/beauty_sasrec_sasrec_ss256_noise30:on",
+    "LastFM, full softmax=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ce:on",
+    "LastFM, 256 negatives=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ss256:on",
+    "Sports, 6 trials a twin=sports:sasrec:tuned/sports_sasrec_sasrec_ss256:on",
+]
+SETS = {"earlier": (DEFAULT, REC / "findings.png"), "tuned": (TUNED, REC / "tuned" / "verdict.png")}
 PANELS = [
     ("hr10", "ΔHR@10, all users"),
     ("ndcg10", "ΔNDCG@10, all users"),
@@ -71,23 +85,30 @@ def load(
         comp = json.loads(path.read_text())["comparison"]
         return label, {key: tuple(comp[f"delta_{key}"]) for key, _ in PANELS}
     parts = source.split(":")
-    if len(parts) != 4:
+    if len(parts) not in (4, 5):
         raise ValueError(
-            f"comparison {label!r}: expected dataset:backbone:tag:variant, got {source!r}"
+            f"comparison {label!r}: expected dataset:backbone:tag:variant[:protocol], "
+            f"got {source!r}"
         )
-    dataset, backbone, tag, variant = parts
-    for row in rows:
-        if (row["dataset"], row["backbone"], row.get("tag", ""), row["variant"]) == (
-            dataset,
-            backbone,
-            tag,
-            variant,
-        ):
-            if "paired_delta_hr10" not in row:
-                raise ValueError(f"comparison {label!r}: row {source!r} has no paired deltas")
-            return label, {
-                key: (row[f"paired_delta_{key}"], row[f"paired_se_{key}"]) for key, _ in PANELS
-            }
+    dataset, backbone, tag, variant = parts[:4]
+    protocol = parts[4] if len(parts) == 5 else None
+    matching = [
+        row for row in rows
+        if (row["dataset"], row["backbone"], row.get("tag", ""), row["variant"])
+        == (dataset, backbone, tag, variant)
+    ]  # fmt: skip
+    if protocol is None:  # the published convention where a run kept both
+        masked = [row for row in matching if row.get("protocol") == "seen_masked"]
+        matching = masked or matching
+    else:
+        matching = [row for row in matching if row.get("protocol") == protocol]
+    if matching:
+        row = matching[0]
+        if row.get("paired_delta_hr10") is None:
+            raise ValueError(f"comparison {label!r}: row {source!r} has no paired deltas")
+        return label, {
+            key: (row[f"paired_delta_{key}"], row[f"paired_se_{key}"]) for key, _ in PANELS
+        }
     raise KeyError(f"comparison {label!r}: no row {source!r} in {rec / 'summary.json'}")
 
 
@@ -95,10 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--comparisons", nargs="+", default=DEFAULT)
+    p.add_argument("--set", choices=list(SETS), default="earlier",
+                   help="the default comparisons and picture (default: earlier)")  # fmt: skip
+    p.add_argument("--comparisons", nargs="+", default=None)
     p.add_argument("--summary", type=Path, default=REC / "summary.json")
-    p.add_argument("--out", type=Path, default=REC / "findings.png")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    chosen, picture = SETS[args.set]
+    args.comparisons = args.comparisons or chosen
+    args.out = args.out or picture
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -60,7 +60,7 @@ def test_missing_or_bad_comparisons_name_themselves() -> None:
 def test_the_shipped_picture_reads_the_shipped_results() -> None:
     """Every comparison FINDINGS.md plots has its row in results/rec (no stale label)."""
     rows = json.loads((fp.REC / "summary.json").read_text())
-    for spec in fp.DEFAULT:
+    for spec in fp.DEFAULT + fp.TUNED:
         _, vals = fp.load(spec, rows)
         assert set(vals) == {key for key, _ in fp.PANELS}
 
@@ -78,3 +78,13 @@ def test_selected_comparisons_are_read_beside_the_summary(tmp_path: Path) -> Non
     (tmp_path / "selected" / "x.json").write_text(json.dumps({"comparison": comp}))
     _, vals = fp.load("sel=selected/x", [], tmp_path)
     assert vals == {key: (0.001, 0.0004) for key, _ in fp.PANELS}
+
+
+def test_a_row_kept_under_both_conventions_reads_the_published_one_by_default() -> None:
+    masked = dict(ROW, protocol="seen_masked")
+    kept = dict(ROW, protocol="unmasked", paired_delta_hr10=-0.002)
+    for rows in ([kept, masked], [masked, kept]):
+        assert fp.load("x=beauty:sasrec::on_x", rows)[1]["hr10"] == (0.003, 0.001)
+        assert fp.load("x=beauty:sasrec::on_x:unmasked", rows)[1]["hr10"] == (-0.002, 0.001)
+    with pytest.raises(KeyError, match="on_x:unmasked"):
+        fp.load("x=beauty:sasrec::on_x:unmasked", [masked])
