@@ -51,6 +51,7 @@ TUNED = [
     "LastFM, 256 negatives=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ss256:on",
     "Sports, 6 trials a twin=sports:sasrec:tuned/sports_sasrec_sasrec_ss256:on",
     "Sports, 30% noise=sports:sasrec:tuned/sports_sasrec_sasrec_ss256_noise30:on",
+    "Toys, 6 trials a twin=toys:sasrec:tuned/toys_sasrec_sasrec_ss256:on",
 ]
 SETS = {"earlier": (DEFAULT, REC / "findings.png"), "tuned": (TUNED, REC / "tuned" / "verdict.png")}
 PANELS = [
