@@ -46,6 +46,7 @@ DEFAULT = [
 # The tuned twins (bench/tune_twins.py), as FINDINGS.md's first table lists them.
 TUNED = [
     "Beauty, 10 trials a twin=beauty:sasrec:tuned/beauty_sasrec_sasrec_ss256:on",
+    "Beauty, 10% noise=beauty:sasrec:tuned/beauty_sasrec_sasrec_ss256_noise10:on",
     "Beauty, 30% noise=beauty:sasrec:tuned/beauty_sasrec_sasrec_ss256_noise30:on",
     "LastFM, full softmax=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ce:on",
     "LastFM, 256 negatives=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ss256:on",
