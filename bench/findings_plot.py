@@ -51,6 +51,7 @@ TUNED = [
     "LastFM, full softmax=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ce:on",
     "LastFM, 256 negatives=lastfm:sasrec:tuned/lastfm_sasrec_sasrec_ss256:on",
     "Sports, 6 trials a twin=sports:sasrec:tuned/sports_sasrec_sasrec_ss256:on",
+    "Sports, 10% noise=sports:sasrec:tuned/sports_sasrec_sasrec_ss256_noise10:on",
     "Sports, 30% noise=sports:sasrec:tuned/sports_sasrec_sasrec_ss256_noise30:on",
     "Toys, 6 trials a twin=toys:sasrec:tuned/toys_sasrec_sasrec_ss256:on",
 ]
