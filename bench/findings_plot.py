@@ -54,6 +54,7 @@ TUNED = [
     "Sports, 10% noise=sports:sasrec:tuned/sports_sasrec_sasrec_ss256_noise10:on",
     "Sports, 30% noise=sports:sasrec:tuned/sports_sasrec_sasrec_ss256_noise30:on",
     "Toys, 6 trials a twin=toys:sasrec:tuned/toys_sasrec_sasrec_ss256:on",
+    "Yelp, 6 trials a twin=yelp:sasrec:tuned/yelp_sasrec_sasrec_ss256:on",
 ]
 SETS = {"earlier": (DEFAULT, REC / "findings.png"), "tuned": (TUNED, REC / "tuned" / "verdict.png")}
 PANELS = [
